@@ -1,0 +1,4 @@
+from canary_instrument.cli import main
+
+if __name__ == "__main__":
+    main()
