@@ -118,22 +118,28 @@ def read_source(path) -> SourceFile:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
-        # An unknown codec in the cookie, or a cookie that contradicts a BOM.
-        first_line = data.split(b"\n", 1)[0]
-        line = 1 if _COOKIE.match(first_line) else 2
-        raise SourceError(path, line, 1, UNDECODABLE, f"{exc.msg}; fix the coding cookie") from exc
+        if "invalid or missing encoding declaration" in str(exc.msg):
+            # No cookie, and the first lines are not UTF-8: decoding below locates the bad byte.
+            encoding = "utf-8-sig" if data.startswith(codecs.BOM_UTF8) else "utf-8"
+        else:
+            # An unknown codec in the cookie, or a cookie that contradicts a BOM.
+            line = 1 if _COOKIE.match(data.split(b"\n", 1)[0]) else 2
+            raise SourceError(path, line, 1, UNDECODABLE, f"{exc.msg}; fix the coding cookie") from exc
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as exc:
-        line, col = _position(data, exc.start, encoding)
+        start = exc.start
+        if encoding == "utf-8-sig" and data.startswith(codecs.BOM_UTF8):
+            start += len(codecs.BOM_UTF8)  # the utf-8-sig decoder counts from after the BOM
+        line, col = _position(data, start, encoding)
+        declared = "" if encoding.startswith("utf-8") else " (declared by the coding cookie)"
         raise SourceError(
             path,
             line,
             col,
             UNDECODABLE,
-            f"byte 0x{data[exc.start]:02x} is not valid {encoding}"
-            f"{'' if encoding.startswith('utf-8') else ' (declared by the coding cookie)'}"
-            "; re-save the file in that encoding",
+            f"byte 0x{data[start]:02x} is not valid {exc.encoding}{declared}; "
+            "re-save the file in that encoding or fix its coding cookie",
         ) from exc
     return SourceFile(path=path, data=data, text=text, encoding=encoding)
 
