@@ -162,33 +162,35 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
     seen_files: set[tuple[int, int]] = set()
     seen_dirs: set[tuple[int, int]] = set()
 
-    def add_file(path: Path, st: os.stat_result | None) -> None:
-        if st is not None:
-            key = (st.st_dev, st.st_ino)
-            if key in seen_files:
-                return
+    def add_file(path: str, st: os.stat_result) -> None:
+        key = (st.st_dev, st.st_ino)
+        if key not in seen_files:
             seen_files.add(key)
-        found.append((str(path), path))
+            found.append((path, Path(path)))
 
-    def walk(directory: Path, root: Path, ancestors: tuple[tuple[int, int], ...]) -> None:
+    def error(path: str, exc: OSError) -> None:
+        found.append((path, _os_error(Path(path), exc)))
+
+    # Plain strings, not Path objects, while walking: pathlib costs more than the syscalls here.
+    def walk(directory: str, relative: str, ancestors: tuple[tuple[int, int], ...]) -> None:
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
             found.append(
                 (
-                    str(directory),
+                    directory,
                     SourceError(
-                        directory, 1, 1, UNREADABLE, f"cannot list directory: {exc.strerror or exc}"
+                        Path(directory), 1, 1, UNREADABLE,
+                        f"cannot list directory: {exc.strerror or exc}",
                     ),
                 )
             )
             return
         for entry in entries:
             name = entry.name
-            path = directory / name
-            relative = path.relative_to(root).as_posix()
-            if exclude and _excluded(name, relative, exclude):
+            rel = f"{relative}{name}"
+            if exclude and _excluded(name, rel, exclude):
                 continue
             try:
                 is_dir = entry.is_dir()  # follows symlinks
@@ -200,56 +202,52 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
                 try:
                     st = entry.stat()
                 except OSError as exc:
-                    found.append((str(path), _os_error(path, exc)))
+                    error(entry.path, exc)
                     continue
                 key = (st.st_dev, st.st_ino)
                 if key in ancestors:
-                    found.append(
-                        (
-                            str(path),
-                            SourceError(
-                                path,
-                                1,
-                                1,
-                                SYMLINK_LOOP,
-                                f"symbolic link loop: {path} -> {os.readlink(path)} "
-                                "leads back into its own parent directory; not followed",
-                            ),
-                        )
-                    )
-                    continue
-                if key in seen_dirs:
-                    continue
-                seen_dirs.add(key)
-                walk(path, root, ancestors + (key,))
+                    found.append((entry.path, _loop_error(Path(entry.path))))
+                elif key not in seen_dirs:
+                    seen_dirs.add(key)
+                    walk(entry.path, rel + "/", ancestors + (key,))
             elif name.endswith(".py"):
                 try:
                     st = entry.stat()
                 except OSError as exc:
-                    found.append((str(path), _os_error(path, exc)))
+                    error(entry.path, exc)
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    add_file(path, st)
+                    add_file(entry.path, st)
 
     for given in paths:
-        given = Path(given)
+        given = os.fspath(given)
         try:
-            st = given.stat()
+            st = os.stat(given)
         except OSError as exc:
-            found.append((str(given), _os_error(given, exc)))
+            error(given, exc)
             continue
         if stat.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
-            if key in seen_dirs:
-                continue
-            seen_dirs.add(key)
-            walk(given, given, (key,))
+            if key not in seen_dirs:
+                seen_dirs.add(key)
+                walk(given, "", (key,))
         else:
             add_file(given, st)
 
     found.sort(key=lambda item: item[0])
     for _, item in found:
         yield item
+
+
+def _loop_error(path: Path) -> SourceError:
+    try:
+        link = f" -> {os.readlink(path)}"
+    except OSError:
+        link = ""
+    return SourceError(
+        path, 1, 1, SYMLINK_LOOP,
+        f"symbolic link loop: {path.name}{link} leads back into its own parent directory; not followed",
+    )
 
 
 def _os_error(path: Path, exc: OSError, what: str = "cannot read") -> SourceError:
