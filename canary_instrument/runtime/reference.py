@@ -1,0 +1,319 @@
+"""Byte-exact torch reference of the pre- and post-forward canary kernels.
+
+It defines what the Triton kernels must do, row for row and record for record (records are
+compared as a multiset: the kernels append them in whatever order their programs finish).
+It reads the batch sizes on the host, so it is for tests, benchmarks and CPU runs, not for
+use inside a CUDA graph.
+
+Semantics beyond docs/architecture.md, shared by both backends:
+- A slot outside ``(0, full_slots)`` in a real request's range is a PADDING_SLOT entry
+  (stored = the slot value, expected = 0): its row is never read or written.
+- SWA group: the slot is ``swa_mapping[full_slot]``; a value outside ``(0, swa_slots)`` is
+  SWA_UNMAPPED (record slot = the full slot, stored = the mapping value, expected = 0).
+  Pre-forward verifies positions ``[max(0, prefix - W), prefix)``; the link check is skipped
+  at the window's first position when it is > 0 (its predecessor may be evicted).
+- The written link of the first new position is derived from the stored row of position
+  ``prefix - 1`` of the same group and half (S_0 when prefix == 0); a broken predecessor
+  therefore propagates and is reported again on the next pass.
+- Post-forward writes fingerprints of every resolvable new slot, whatever its verdict.
+- Counters: [0] pre runs, [1] post runs, [2] entries verified (per group and half, including
+  failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import hashing
+from .state import (
+    FINGERPRINT,
+    GROUP_SWA,
+    KERNEL_POST,
+    KERNEL_PRE,
+    LINK,
+    PADDING_SLOT,
+    POSITION,
+    SWA_UNMAPPED,
+    TOKEN,
+    CanaryGroup,
+    CanaryState,
+    PlanInputs,
+)
+
+PARTIAL_WORDS = 2  # 16 bytes of layer 0's row
+
+
+@dataclass
+class _Batch:
+    num_reqs: int
+    req_pool: torch.Tensor  # int64 [n]
+    prefix: torch.Tensor  # int64 [n]
+    extend: torch.Tensor  # int64 [n]
+
+
+@dataclass
+class _Slots:
+    full_raw: torch.Tensor  # req_to_token value
+    mapped_raw: torch.Tensor  # swa_mapping value (SWA group) else full slot
+    full_ok: torch.Tensor
+    map_ok: torch.Tensor
+    slot: torch.Tensor  # row index into the group's rows; 0 when unresolvable
+
+    @property
+    def ok(self) -> torch.Tensor:
+        return self.full_ok & self.map_ok
+
+
+def fingerprint_words(state: CanaryState, group: CanaryGroup) -> int:
+    """How many leading int64 words of a real-KV row the fingerprint covers (0 = none)."""
+    if state.realkv == "none" or group.kv_words is None:
+        return 0
+    if state.realkv == "partial":
+        return min(PARTIAL_WORDS, group.kv_words.shape[1])
+    return group.kv_words.shape[1]
+
+
+def _batch(plan: PlanInputs) -> _Batch:
+    n = int(plan.num_reqs[0])
+    return _Batch(
+        num_reqs=n,
+        req_pool=plan.req_pool_indices[:n].long(),
+        prefix=plan.prefix_lens[:n].long(),
+        extend=plan.extend_lens[:n].long(),
+    )
+
+
+def _items(starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request index, position) of every position in [starts[r], ends[r]), request-major."""
+    lens = (ends - starts).clamp(min=0)
+    req = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)
+    first = torch.cumsum(lens, 0) - lens
+    pos = starts[req] + torch.arange(req.shape[0], device=lens.device) - first[req]
+    return req, pos
+
+
+def _resolve(state: CanaryState, group: CanaryGroup, req_pool: torch.Tensor, pos: torch.Tensor) -> _Slots:
+    full_rows = state.groups[0].rows.shape[0]
+    full_raw = state.req_to_token[req_pool, pos].long()
+    full_ok = (full_raw > 0) & (full_raw < full_rows)
+    full_slot = torch.where(full_ok, full_raw, 0)
+    if group.group != GROUP_SWA:
+        return _Slots(full_raw, full_raw, full_ok, torch.ones_like(full_ok), full_slot)
+    mapped_raw = state.swa_mapping[full_slot].long()
+    map_ok = (mapped_raw > 0) & (mapped_raw < group.rows.shape[0])
+    slot = torch.where(full_ok & map_ok, mapped_raw, 0)
+    return _Slots(full_raw, mapped_raw, full_ok, map_ok, slot)
+
+
+def _seed_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, hashing.as_signed(hashing.CHAIN_SEED))
+
+
+def _incoming_link(state, group, req_pool, pos) -> torch.Tensor:
+    """S_p derived from the stored row of position p - 1 (S_0 at p == 0)."""
+    pred = _resolve(state, group, req_pool, (pos - 1).clamp(min=0))
+    row = group.rows[pred.slot]
+    derived = hashing.next_link(row[:, 0], row[:, 1], row[:, 2])
+    return torch.where(pos > 0, derived, _seed_like(derived))
+
+
+def _records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected) -> torch.Tensor:
+    record_slot = torch.where(slots.full_ok & ~slots.map_ok, slots.full_raw, slots.slot)
+    record_slot = torch.where(slots.full_ok, record_slot, slots.full_raw)
+    cols = [
+        torch.full_like(pos, kernel_id),
+        torch.full_like(pos, group.group * 2 + group.half),
+        record_slot,
+        pos,
+        stored,
+        expected,
+        reasons,
+        req_pool,
+    ]
+    bad = reasons != 0
+    return torch.stack([c[bad] for c in cols], dim=1)
+
+
+def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batch, req: torch.Tensor,
+            pos: torch.Tensor, window_lo: torch.Tensor) -> tuple[torch.Tensor, _Slots]:
+    """Reasons for each (request, position) entry of one group/half; returns records and slots."""
+    req_pool = batch.req_pool[req]
+    slots = _resolve(state, group, req_pool, pos)
+    ok = slots.ok
+    row = group.rows[slots.slot]
+    zero = torch.zeros_like(pos)
+
+    bad_pos = ok & (row[:, 1] != pos)
+    expected_link = _incoming_link(state, group, req_pool, pos)
+    lo = window_lo[req]
+    check_link = ~((pos == lo) & (lo > 0)) if group.group == GROUP_SWA else torch.ones_like(ok)
+    bad_link = ok & check_link & (row[:, 2] != expected_link)
+
+    nwords = fingerprint_words(state, group)
+    recomputed = zero
+    bad_fp = torch.zeros_like(ok)
+    if nwords:
+        recomputed = hashing.fingerprint(group.kv_words[slots.slot, :nwords])
+        bad_fp = ok & (row[:, 3] != 0) & (row[:, 3] != recomputed)
+
+    expected_token = zero - 1
+    if state.expected_tokens is not None:
+        col = pos + state.token_offset
+        in_table = col < state.expected_tokens.shape[1]
+        expected_token = torch.where(
+            in_table, state.expected_tokens[req_pool, col.clamp(max=state.expected_tokens.shape[1] - 1)], -1
+        )
+    bad_token = ok & (expected_token >= 0) & (row[:, 0] != expected_token)
+
+    bad_pad = ~slots.full_ok
+    bad_map = slots.full_ok & ~slots.map_ok
+    reasons = (
+        bad_pos.long() * POSITION
+        + bad_link.long() * LINK
+        + bad_fp.long() * FINGERPRINT
+        + bad_token.long() * TOKEN
+        + bad_map.long() * SWA_UNMAPPED
+        + bad_pad.long() * PADDING_SLOT
+    )
+    # stored/expected of the first failing field in reason-bit order: apply from last to first.
+    stored, expected = zero, zero
+    for bad, s, e in (
+        (bad_pad, slots.full_raw, zero),
+        (bad_map, slots.mapped_raw, zero),
+        (bad_token, row[:, 0], expected_token),
+        (bad_fp, row[:, 3], recomputed),
+        (bad_link, row[:, 2], expected_link),
+        (bad_pos, row[:, 1], pos),
+    ):
+        stored = torch.where(bad, s, stored)
+        expected = torch.where(bad, e, expected)
+    return _records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected), slots
+
+
+def _append(state: CanaryState, records: list[torch.Tensor]) -> None:
+    if state.ring_count is None or not records:
+        return
+    recs = torch.cat(records)
+    m = recs.shape[0]
+    if m == 0:
+        return
+    if state.ring is not None:
+        ring_size = state.ring.shape[0]
+        idx = (int(state.ring_count[0]) + torch.arange(m, device=recs.device)) % ring_size
+        state.ring[idx[-ring_size:]] = recs[-ring_size:].to(state.ring.device)
+    state.ring_count += m
+
+
+def _count(state: CanaryState, run_index: int, verified: dict[int, int], written: int) -> None:
+    if state.counters is not None:
+        state.counters[run_index] += 1
+        state.counters[2] += sum(verified.values())
+        state.counters[3] += written
+    if state.group_verified is not None:
+        for g, n in verified.items():
+            state.group_verified[g] += n
+
+
+def _window_lo(state: CanaryState, batch: _Batch) -> torch.Tensor:
+    return (batch.prefix - state.swa_window).clamp(min=0)
+
+
+def _write_new_rows(state: CanaryState, group: CanaryGroup, batch: _Batch, input_ids: torch.Tensor,
+                    req: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rows (token, position, S_p, 0) of the new positions, the chain scanned per request."""
+    req_pool = batch.req_pool[req]
+    token_base = torch.cumsum(batch.extend, 0) - batch.extend
+    tokens = input_ids.reshape(-1)[token_base[req] + pos - batch.prefix[req]].long()
+
+    a, b = hashing.affine(tokens, pos)
+    # Exclusive per-request prefix: item j gets the maps of its request's items before it.
+    first = torch.ones_like(req, dtype=torch.bool)
+    first[1:] = req[1:] != req[:-1]
+    a_shift = torch.where(first, 1, torch.roll(a, 1))
+    b_shift = torch.where(first, 0, torch.roll(b, 1))
+    a_scan, b_scan = _segmented_scan(a_shift, b_shift, req)
+    start_pos = batch.prefix[req]
+    incoming = _incoming_link(state, group, req_pool, start_pos)
+    links = a_scan * incoming + b_scan
+
+    slots = _resolve(state, group, req_pool, pos)
+    ok = slots.ok
+    rows = torch.stack([tokens, pos, links, torch.zeros_like(pos)], dim=1)
+    group.rows[slots.slot[ok]] = rows[ok]
+
+    zero = torch.zeros_like(pos)
+    reasons = (slots.full_ok & ~slots.map_ok).long() * SWA_UNMAPPED + (~slots.full_ok).long() * PADDING_SLOT
+    stored = torch.where(slots.full_ok, slots.mapped_raw, slots.full_raw)
+    records = _records(KERNEL_PRE, group, req_pool, pos, slots, reasons, stored, zero)
+    return records, int(ok.sum())
+
+
+def _segmented_scan(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inclusive affine scan that never composes across segment (request) boundaries."""
+    a, b = a.clone(), b.clone()
+    n = a.shape[0]
+    step = 1
+    while step < n:
+        same = seg[step:] == seg[:-step]
+        a_new = torch.where(same, a[step:] * a[:-step], a[step:])
+        b_new = torch.where(same, a[step:] * b[:-step] + b[step:], b[step:])
+        a = torch.cat([a[:step], a_new])
+        b = torch.cat([b[:step], b_new])
+        step *= 2
+    return a, b
+
+
+def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
+    """Verify every request's prefix in every group/half, then write the rows of its new tokens."""
+    if int(plan.enabled[0]) == 0:
+        return
+    batch = _batch(plan)
+    lo = _window_lo(state, batch)
+    records, verified, written = [], {}, 0
+    for group in state.groups:
+        start = lo if group.group == GROUP_SWA else torch.zeros_like(batch.prefix)
+        req, pos = _items(start, batch.prefix)
+        recs, _ = _verify(state, group, KERNEL_PRE, batch, req, pos, lo)
+        records.append(recs)
+        verified[group.group] = verified.get(group.group, 0) + pos.shape[0]
+    for group in state.groups:
+        req, pos = _items(batch.prefix, batch.prefix + batch.extend)
+        recs, n_written = _write_new_rows(state, group, batch, input_ids, req, pos)
+        records.append(recs)
+        written += n_written
+    _append(state, records)
+    _count(state, 0, verified, written)
+
+
+def post_forward(state: CanaryState, plan: PlanInputs) -> None:
+    """Verify the rows written this forward, then store their real-KV fingerprints."""
+    if int(plan.enabled[0]) == 0:
+        return
+    batch = _batch(plan)
+    lo = _window_lo(state, batch)
+    records, verified = [], {}
+    for group in state.groups:
+        req, pos = _items(batch.prefix, batch.prefix + batch.extend)
+        recs, slots = _verify(state, group, KERNEL_POST, batch, req, pos, lo)
+        records.append(recs)
+        verified[group.group] = verified.get(group.group, 0) + pos.shape[0]
+        nwords = fingerprint_words(state, group)
+        if nwords:
+            target = slots.slot[slots.ok]
+            group.rows[target, 3] = hashing.fingerprint(group.kv_words[target, :nwords])
+    _append(state, records)
+    _count(state, 1, verified, 0)
+
+
+class TorchCanaryOps:
+    """The reference backend behind ``get_ops(..., backend="torch")``."""
+
+    name = "torch"
+
+    def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
+        pre_forward(state, plan, input_ids)
+
+    def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
+        post_forward(state, plan)
