@@ -1,0 +1,93 @@
+"""Decoded violation records and their one-line, parseable log format."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+from canary_instrument.runtime.state import GROUP_SWA, HALF_V, KERNEL_NAMES, REASON_NAMES
+
+PREFIX = "kv_canary violation:"
+_GROUP_NAMES = {0: "full", GROUP_SWA: "swa"}
+_HALF_NAMES = {0: "k", HALF_V: "v"}
+_FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One failed check of one canary row, as a user reads it."""
+
+    kernel: str  # "pre_forward" | "post_forward"
+    group: str  # "full" | "swa"
+    half: str  # "k" | "v"
+    slot: int
+    position: int
+    stored: int  # value of the first failing field, in reason-bit order
+    expected: int
+    reasons: frozenset  # of REASON_NAMES values
+    req_pool_index: int
+    step: int  # the manager's forward step in which the kernel recorded it
+
+    @classmethod
+    def from_record(cls, record: Sequence[int], step: int) -> "Violation":
+        kernel, group_half, slot, position, stored, expected, bits, req = (int(x) for x in record[:8])
+        return cls(
+            kernel=KERNEL_NAMES.get(kernel, f"kernel{kernel}"),
+            group=_GROUP_NAMES.get(group_half // 2, f"group{group_half // 2}"),
+            half=_HALF_NAMES.get(group_half % 2, f"half{group_half % 2}"),
+            slot=slot,
+            position=position,
+            stored=stored,
+            expected=expected,
+            reasons=frozenset(name for bit, name in REASON_NAMES.items() if bits & bit)
+            or frozenset({f"bits{bits}"}),
+            req_pool_index=req,
+            step=step,
+        )
+
+    def format(self) -> str:
+        reason = ",".join(sorted(self.reasons, key=_reason_order))
+        return (
+            f"{PREFIX} kernel={self.kernel} group={self.group} half={self.half} reason={reason} "
+            f"slot={self.slot} position={self.position} stored={self.stored} expected={self.expected} "
+            f"req={self.req_pool_index} step={self.step}"
+        )
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["Violation"]:
+        """The violation a log line reports, or None when the line is not one."""
+        at = line.find(PREFIX)
+        if at < 0:
+            return None
+        fields = dict(_FIELD.findall(line[at + len(PREFIX) :]))
+        try:
+            return cls(
+                kernel=fields["kernel"],
+                group=fields["group"],
+                half=fields["half"],
+                slot=int(fields["slot"]),
+                position=int(fields["position"]),
+                stored=int(fields["stored"]),
+                expected=int(fields["expected"]),
+                reasons=frozenset(fields["reason"].split(",")),
+                req_pool_index=int(fields["req"]),
+                step=int(fields["step"]),
+            )
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"malformed kv_canary violation line ({err}): {line!r}") from None
+
+    @classmethod
+    def find_all(cls, text: str) -> list["Violation"]:
+        return [v for v in (cls.parse(line) for line in text.splitlines()) if v is not None]
+
+
+def _reason_order(name: str) -> int:
+    for bit, known in REASON_NAMES.items():
+        if known == name:
+            return bit
+    return 1 << 30
+
+
+def decode_records(rows: Iterable[Sequence[int]], step: int) -> list[Violation]:
+    return [Violation.from_record(row, step) for row in rows]
