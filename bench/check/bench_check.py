@@ -1,0 +1,398 @@
+"""Benchmark `canary-instrument check` (the pre-commit gate) against ast-grep, libcst and grep.
+
+Copies the running interpreter's standard library to a temp folder, times each tool on it
+(best and median of N), times the pre-commit hook on a small clean repo and `apply` on the
+reference engine, and writes a Markdown report. Run from the repo root:
+
+    .venv/bin/python bench/check/bench_check.py --repeat 10 --out bench/check/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import io
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = REPO / "golden" / "engine"
+PATTERN = "contextlib.nullcontext()"
+
+
+def env_with_repo() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def tool_command() -> list[str]:
+    """The console script when installed next to this interpreter, else `python -m`."""
+    script = Path(sys.executable).parent / "canary-instrument"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "canary_instrument"]
+
+
+def timed_run(argv, cwd=None, env=None, ok=(0, 1)) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in ok:
+        raise RuntimeError(
+            f"{' '.join(map(str, argv))} exited {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    return elapsed, proc
+
+
+def series(fn, repeat: int, warmup: int = 1) -> dict:
+    for _ in range(warmup):
+        fn()
+    times = [fn() for _ in range(repeat)]
+    return {"best": min(times), "median": statistics.median(times), "n": repeat}
+
+
+def copy_stdlib(dest: Path) -> tuple[Path, dict]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    target = dest / "Lib"
+    shutil.copytree(
+        stdlib, target, symlinks=True,
+        ignore=shutil.ignore_patterns("site-packages", "__pycache__"),
+    )
+    py = [p for p in target.rglob("*.py") if p.is_file()]
+    counts = {
+        "source": str(stdlib),
+        "py_files": len(py),
+        "py_bytes": sum(p.stat().st_size for p in py),
+        "all_files": sum(1 for p in target.rglob("*") if p.is_file()),
+    }
+    sys.path.insert(0, str(REPO))
+    from canary_instrument.rewrite.files import SourceError, iter_python_files
+
+    walked = list(iter_python_files([target]))
+    counts["walked_files"] = sum(not isinstance(p, SourceError) for p in walked)
+    return target, counts
+
+
+def bench_check_subprocess(tree: Path, repeat: int) -> dict:
+    argv = [*tool_command(), "check", str(tree)]
+    env = env_with_repo()
+    last = {}
+
+    def once():
+        elapsed, proc = timed_run(argv, env=env, ok=(0, 1, 2))
+        last["rc"], last["lines"] = proc.returncode, len(proc.stdout.splitlines())
+        last["stderr"] = proc.stderr.strip().splitlines()[-3:]
+        return elapsed
+
+    result = series(once, repeat)
+    result.update(command=" ".join(argv), **last)
+    return result
+
+
+def bench_check_in_process(tree: Path, repeat: int) -> dict:
+    sys.path.insert(0, str(REPO))
+    start = time.perf_counter()
+    from canary_instrument import cli
+
+    import_s = time.perf_counter() - start
+    codes = []
+
+    def once():
+        out = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                code = cli.main.main(args=["check", str(tree)], standalone_mode=False)
+            except SystemExit as exc:
+                code = exc.code
+        elapsed = time.perf_counter() - start
+        codes.append(code)
+        return elapsed
+
+    first = once()
+    result = series(once, repeat, warmup=0)
+    result.update(import_s=import_s, first=first, rc=codes[-1])
+    return result
+
+
+def bench_ast_grep(tree: Path, repeat: int) -> dict:
+    exe = shutil.which("ast-grep", path=str(Path(sys.executable).parent)) or shutil.which("ast-grep")
+    if exe is None:
+        return {"skipped": "ast-grep not found"}
+    argv = [exe, "run", "-p", PATTERN, str(tree)]
+    result = series(lambda: timed_run(argv)[0], repeat)
+    result["command"] = f"ast-grep run -p '{PATTERN}' {tree}"
+    return result
+
+
+def bench_grep(tree: Path, repeat: int) -> dict:
+    argv = ["grep", "-r", "-F", PATTERN, str(tree)]
+    result = series(lambda: timed_run(argv)[0], repeat)
+    result["command"] = f"grep -r -F '{PATTERN}' {tree}"
+    return result
+
+
+def bench_libcst_parse(tree: Path) -> dict:
+    """Parse every file once with libcst, as a rewriter that parsed everything would."""
+    import libcst
+
+    from canary_instrument.rewrite.files import SourceError, iter_python_files
+
+    paths = [p for p in iter_python_files([tree]) if not isinstance(p, SourceError)]
+    failures = 0
+    start = time.perf_counter()
+    for path in paths:
+        try:
+            libcst.parse_module(path.read_bytes())
+        except Exception:  # noqa: BLE001 - counting what libcst refuses, whatever the reason
+            failures += 1
+    elapsed = time.perf_counter() - start
+    return {"best": elapsed, "median": elapsed, "n": 1, "files": len(paths), "failures": failures,
+            "libcst": importlib.metadata.version("libcst")}
+
+
+def git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def hook_source(work: Path) -> tuple[Path, str]:
+    """A committed copy of this working tree, as pre-commit clones hook repositories."""
+    source = work / "hook-source"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = REPO / name
+        if src.is_file():
+            dst = source / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    git("init", "-q", cwd=source)
+    git("add", "-A", cwd=source)
+    git("-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-qm", "snapshot", cwd=source)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return source, sha
+
+
+def scaffolded_engine(dest: Path) -> Path:
+    shutil.copytree(ENGINE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    timed_run([*tool_command(), "scaffold", str(dest)], env=env_with_repo(), ok=(0,))
+    return dest
+
+
+def bench_pre_commit(work: Path, repeat: int, source_kind: str) -> dict:
+    repo = scaffolded_engine(work / "precommit-repo")
+    env = env_with_repo()
+    env["PRE_COMMIT_HOME"] = str(work / "pre-commit-home")
+    if source_kind == "clone":
+        source, sha = hook_source(work)
+        config = f"repos:\n- repo: {source}\n  rev: {sha}\n  hooks:\n  - id: canary-instrument-check\n"
+    else:
+        config = (
+            "repos:\n- repo: local\n  hooks:\n  - id: canary-instrument-check\n"
+            "    name: canary-instrument check\n"
+            f"    entry: {' '.join(tool_command())} check\n    args: [.]\n"
+            "    language: system\n    pass_filenames: false\n    always_run: true\n"
+        )
+    (repo / ".pre-commit-config.yaml").write_text(config)
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-qm", "clean", cwd=repo)
+    pre_commit = shutil.which("pre-commit", path=str(Path(sys.executable).parent)) or "pre-commit"
+    run_argv = [pre_commit, "run", "--all-files", "canary-instrument-check"]
+    start = time.perf_counter()
+    timed_run(run_argv, cwd=repo, env=env, ok=(0,))  # first run builds the hook environment
+    install_s = time.perf_counter() - start
+    result = {
+        "pre_commit": series(lambda: timed_run(run_argv, cwd=repo, env=env, ok=(0,))[0], repeat),
+        "install_s": install_s,
+        "files": sum(1 for _ in repo.rglob("*.py")),
+        "source_kind": source_kind,
+        "command": " ".join(["pre-commit", *run_argv[1:]]),
+    }
+    bare = [*tool_command(), "check", "."]
+    result["bare"] = series(lambda: timed_run(bare, cwd=repo, env=env, ok=(0,))[0], repeat)
+    result["bare_command"] = " ".join(bare)
+    noop = work / "noop-repo"
+    noop.mkdir()
+    (noop / "a.py").write_text("x = 1\n")
+    (noop / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: local\n  hooks:\n  - id: noop\n    name: noop\n    entry: 'true'\n"
+        "    language: system\n    pass_filenames: false\n    always_run: true\n"
+    )
+    git("init", "-q", cwd=noop)
+    git("add", "-A", cwd=noop)
+    git("-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-qm", "noop", cwd=noop)
+    noop_argv = [pre_commit, "run", "--all-files", "noop"]
+    result["pre_commit_floor"] = series(lambda: timed_run(noop_argv, cwd=noop, env=env, ok=(0,))[0], repeat)
+    return result
+
+
+def bench_apply(work: Path, repeat: int) -> dict:
+    scaffolded = scaffolded_engine(work / "engine-scaffolded")
+    env = env_with_repo()
+    counter = iter(range(10**6))
+
+    def once():
+        tree = work / f"apply-{next(counter)}"
+        shutil.copytree(scaffolded, tree)
+        elapsed, _ = timed_run([*tool_command(), "apply", str(tree)], env=env, ok=(0,))
+        return elapsed
+
+    result = {"apply": series(once, repeat)}
+    applied = work / "apply-0"
+    result["noop"] = series(
+        lambda: timed_run([*tool_command(), "apply", str(applied)], env=env, ok=(0,))[0], repeat
+    )
+    result["files"] = sum(1 for _ in scaffolded.rglob("*.py"))
+    result["command"] = " ".join([*tool_command(), "apply", "<copy of scaffolded golden/engine>"])
+    return result
+
+
+def machine() -> dict:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count() if not hasattr(os, "sched_getaffinity") else len(os.sched_getaffinity(0)),
+        "cpu": model,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+    }
+
+
+def fmt(r: dict) -> str:
+    return f"{r['best']:.3f} | {r['median']:.3f} | {r['n']}"
+
+
+def report(results: dict, argv: list[str]) -> str:
+    m, c = results["machine"], results["counts"]
+    sub = results.get("check_subprocess")
+    lines = [
+        "# `check` benchmark",
+        "",
+        "Produced by:",
+        "",
+        "```",
+        f"{' '.join(argv)}",
+        "```",
+        "",
+        f"- machine: {m['nproc']} cores, {m['cpu']}, {m['platform']}",
+        f"- Python {m['python']}, {m['date']}",
+        f"- tree: a copy of `{c['source']}` without `site-packages` and `__pycache__`: "
+        f"{c['py_files']} `.py` files, {c['py_bytes']:,} bytes of Python ({c['all_files']} files in all); "
+        f"the tool's walk visits {c['walked_files']} of them (it skips `venv/`-named folders, "
+        "so stdlib's `venv` package is not walked)",
+        "",
+        "| what | best (s) | median (s) | runs | ratio to check (subprocess, best) |",
+        "|---|---|---|---|---|",
+    ]
+
+    def row(name, r):
+        if r is None or "skipped" in r:
+            lines.append(f"| {name} | skipped: {r and r.get('skipped')} | | | |")
+            return
+        ratio = f"{r['best'] / sub['best']:.1f}x" if sub and "best" in sub else ""
+        lines.append(f"| {name} | {fmt(r)} | {ratio} |")
+
+    row("`canary-instrument check` (subprocess, interpreter start included)", sub)
+    inproc = results.get("check_in_process")
+    row("`check` in-process (warm: modules imported)", inproc)
+    row("ast-grep", results.get("ast_grep"))
+    row("full libcst parse of every file (once)", results.get("libcst"))
+    row("grep", results.get("grep"))
+    lines.append("")
+    if sub:
+        lines.append(f"- check command: `{sub['command']}` (exit {sub['rc']}, {sub['lines']} output lines)")
+    if inproc:
+        lines.append(
+            f"- in-process: importing the CLI took {inproc['import_s']:.3f} s, the first check "
+            f"{inproc['first']:.3f} s (exit {inproc['rc']})"
+        )
+    for key in ("ast_grep", "grep"):
+        if results.get(key) and "command" in results[key]:
+            lines.append(f"- {key.replace('_', '-')}: `{results[key]['command']}`")
+    if results.get("libcst"):
+        lc = results["libcst"]
+        lines.append(f"- libcst {lc['libcst']}: parsed {lc['files']} files, {lc['failures']} refused")
+    pc = results.get("pre_commit")
+    if pc:
+        lines += [
+            "",
+            f"## pre-commit on a clean small repo ({pc['files']} `.py` files: the scaffolded reference engine)",
+            "",
+            "| what | best (s) | median (s) | runs |",
+            "|---|---|---|---|",
+            f"| `{pc['command']}` (hook source: {pc['source_kind']}) | {fmt(pc['pre_commit'])} |",
+            f"| bare hook command `{pc['bare_command']}` | {fmt(pc['bare'])} |",
+            f"| pre-commit's own floor: a no-op `true` system hook | {fmt(pc['pre_commit_floor'])} |",
+            "",
+            f"- first `pre-commit run` (builds the hook environment): {pc['install_s']:.1f} s",
+        ]
+    ap = results.get("apply")
+    if ap:
+        lines += [
+            "",
+            f"## apply on the reference engine ({ap['files']} `.py` files)",
+            "",
+            "| what | best (s) | median (s) | runs |",
+            "|---|---|---|---|",
+            f"| `{ap['command']}` | {fmt(ap['apply'])} |",
+            f"| apply again on the wired tree (nothing to do) | {fmt(ap['noop'])} |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["check", "inproc", "ast-grep", "grep", "libcst", "pre-commit", "apply"])
+    parser.add_argument("--hook-source", choices=["clone", "local"], default="clone",
+                        help="clone: pre-commit builds the hook from a committed copy of this repo; "
+                             "local: a `repo: local` system hook calling the tool directly")
+    args = parser.parse_args()
+
+    results: dict = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
+        work = Path(tmp)
+        tree, results["counts"] = copy_stdlib(work)
+        print(results["counts"], flush=True)
+        steps = [
+            ("check", "check_subprocess", lambda: bench_check_subprocess(tree, args.repeat)),
+            ("inproc", "check_in_process", lambda: bench_check_in_process(tree, args.repeat)),
+            ("ast-grep", "ast_grep", lambda: bench_ast_grep(tree, max(3, args.repeat // 2))),
+            ("grep", "grep", lambda: bench_grep(tree, args.repeat)),
+            ("pre-commit", "pre_commit", lambda: bench_pre_commit(work, args.repeat, args.hook_source)),
+            ("apply", "apply", lambda: bench_apply(work, args.repeat)),
+            ("libcst", "libcst", lambda: bench_libcst_parse(tree)),
+        ]
+        for name, key, step in steps:
+            if name in args.skip:
+                continue
+            results[key] = step()
+            print(key, results[key], flush=True)
+    text = report(results, [Path(sys.executable).name, *sys.argv])
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
