@@ -1,0 +1,206 @@
+"""Walk a target tree once: discover files, keep the candidates, parse and analyse them, and run a transform.
+
+A file is a candidate when its path matches a catalog location or its bytes contain a catalog
+word (a placeholder name, `canary`, a trigger call); nothing else is read past that byte scan,
+which is what keeps `check` within its time budget on a large tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from canary_instrument.catalog import Catalog
+from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
+from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
+from canary_instrument.rewrite.locate import FileAnalysis, analyse, prefilter_words
+
+
+@dataclass
+class ParsedFile:
+    source: SourceFile
+    tree: ast.Module
+    lines: list[str]
+    analysis: FileAnalysis
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def position(self, node: ast.AST) -> tuple[int, int]:
+        """1-based line and character column of an ast node."""
+        line = self.lines[node.lineno - 1] if node.lineno - 1 < len(self.lines) else ""
+        return node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1
+
+    def finding(self, node: ast.AST | None, code: str, message: str) -> Finding:
+        line, col = self.position(node) if node is not None else (1, 1)
+        return Finding(self.path, line, col, code, message)
+
+
+@dataclass
+class FileChange:
+    path: Path
+    old: bytes
+    new: bytes
+    encoding: str
+    sites: int = 0  # sites (and hooks) this change touches
+
+    def diff(self) -> str:
+        old = self.old.decode(self.encoding).splitlines(keepends=True)
+        new = self.new.decode(self.encoding).splitlines(keepends=True)
+        return "".join(difflib.unified_diff(old, new, f"a/{self.path}", f"b/{self.path}"))
+
+
+@dataclass
+class RunResult:
+    """What a command found and changed; the CLI prints it, tests assert on it."""
+
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[SourceError] = field(default_factory=list)
+    changes: list[FileChange] = field(default_factory=list)
+    files_seen: int = 0
+    files_analysed: int = 0
+    written: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.errors:
+            return 2
+        return 1 if self.findings else 0
+
+
+class Prefilter:
+    """Decides from a path and raw bytes alone whether a file needs parsing."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        patterns = {location.path for _, location in catalog.locations()}
+        regexes = []
+        for pattern in sorted(patterns):
+            regexes.append(fnmatch.translate(pattern))
+            regexes.append(fnmatch.translate("*/" + pattern))
+        self._path = re.compile("|".join(regexes)) if regexes else None
+        self._words = [w for w in prefilter_words(catalog)]
+
+    def path_matches(self, posix: str) -> bool:
+        return self._path is not None and self._path.match(posix) is not None
+
+    def bytes_match(self, data: bytes) -> bool:
+        return any(data.find(word) >= 0 for word in self._words)
+
+
+def discover(paths: Iterable, catalog: Catalog) -> Iterable[Path | SourceError]:
+    return iter_python_files([Path(p) for p in paths], exclude=catalog.exclude)
+
+
+def candidates(paths: Iterable, catalog: Catalog, result: RunResult):
+    """Yield the candidate files' paths; count every file, record discovery errors."""
+    prefilter = Prefilter(catalog)
+    for item in discover(paths, catalog):
+        if isinstance(item, SourceError):
+            result.errors.append(item)
+            continue
+        result.files_seen += 1
+        if prefilter.path_matches(item.as_posix()):
+            yield item
+            continue
+        try:
+            with open(item, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            yield item  # read_source reports why
+            continue
+        if prefilter.bytes_match(data):
+            yield item
+
+
+def parse_source(source: SourceFile) -> ast.Module:
+    try:
+        return ast.parse(source.text, filename=str(source.path))
+    except SyntaxError as error:
+        line = error.lineno or 1
+        col = error.offset or 1
+        raise SourceError(source.path, line, col, SYNTAX_ERROR, f"syntax error: {error.msg}; fix it and re-run") from None
+    except ValueError as error:  # e.g. source with NUL-like problems the decoder let through
+        raise SourceError(source.path, 1, 1, SYNTAX_ERROR, f"cannot parse: {error}") from None
+
+
+_NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as the Python tokenizer counts them (str.splitlines also splits at form feeds)."""
+    return _NEWLINES.split(text)
+
+
+def load(path: Path, catalog: Catalog) -> ParsedFile:
+    source = read_source(path)
+    tree = parse_source(source)
+    lines = split_lines(source.text)
+    return ParsedFile(source, tree, lines, analyse(path, tree, catalog, lines))
+
+
+def parse_cst(source: SourceFile):
+    """The libcst module of a file, refusing a file libcst cannot reproduce byte for byte."""
+    import libcst as cst  # only the transforms pay for libcst's import
+
+    try:
+        module = cst.parse_module(source.text)
+    except cst.ParserSyntaxError as error:
+        raise SourceError(
+            source.path, error.raw_line, error.raw_column + 1, NOT_ROUND_TRIPPABLE,
+            f"libcst cannot parse this file: {error.message}",
+        ) from None
+    if module.code != source.text:
+        old, new = source.text.splitlines(keepends=True), module.code.splitlines(keepends=True)
+        line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new))) + 1
+        raise SourceError(
+            source.path, line, 1, NOT_ROUND_TRIPPABLE,
+            "libcst does not reproduce this file byte for byte; it is left untouched",
+        )
+    return module
+
+
+Planner = Callable[[ParsedFile, Catalog, RunResult], "object | None"]
+
+
+def run_transform(
+    paths: Iterable,
+    catalog: Catalog,
+    planner: Planner,
+    *,
+    write: bool,
+    verify: Callable[[ParsedFile, str], None] | None = None,
+) -> RunResult:
+    """Plan each candidate file, apply the plan with libcst, verify, and write (atomically) if asked."""
+    from canary_instrument.rewrite.edits import PlanNotApplied, apply_plan
+
+    result = RunResult(written=write)
+    for path in candidates(paths, catalog, result):
+        try:
+            parsed = load(path, catalog)
+            result.files_analysed += 1
+            plan = planner(parsed, catalog, result)
+            if not plan:
+                continue
+            module = parse_cst(parsed.source)
+            new_text = apply_plan(module, plan).code
+            if new_text == parsed.source.text:
+                continue
+            if verify is not None:
+                verify(parsed, new_text)
+            new = parsed.source.encode(new_text)
+            change = FileChange(path, parsed.source.data, new, parsed.source.encoding, plan.touched)
+            if write:
+                write_atomic(path, new)
+            result.changes.append(change)
+        except SourceError as error:
+            result.errors.append(error)
+        except PlanNotApplied as error:
+            result.errors.append(SourceError(path, 1, 1, INTERNAL_ERROR, f"internal error, nothing written: {error}"))
+    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    return result
