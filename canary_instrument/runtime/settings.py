@@ -26,7 +26,8 @@ class CanarySettings:
     stats_interval: int = 0  # [kv_canary_stats_interval / KV_CANARY_STATS_INTERVAL] steps between stats lines, 0 = off
     ring_size: int = 1024  # [kv_canary_ring_size / KV_CANARY_RING_SIZE] violation records kept on device
     swa_divergence_interval: int = 0  # [- / KV_CANARY_SWA_DIVERGENCE_INTERVAL] steps between SWA lines, 0 = off
-    backend: str = "auto"  # [kv_canary_backend / KV_CANARY_BACKEND] auto | triton | torch
+    # [kv_canary_backend / -] auto | triton | torch; ops.py's KV_CANARY_BACKEND variable overrides it.
+    backend: str = "auto"
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
 
@@ -77,14 +78,14 @@ def _flag(name: str, value: Any) -> bool:
 
 
 # field -> (server-arg attribute or None, environment variable, parser)
-_SOURCES: dict[str, tuple[Optional[str], str, Callable[[str, Any], Any]]] = {
+_SOURCES: dict[str, tuple[Optional[str], Optional[str], Callable[[str, Any], Any]]] = {
     "mode": ("kv_canary", "KV_CANARY", _choice(MODES)),
     "real_kv": ("kv_canary_real_kv", "KV_CANARY_REAL_KV", _choice(REAL_KV_MODES)),
     "token_check": ("kv_canary_token_check", "KV_CANARY_TOKEN_CHECK", _flag),
     "stats_interval": ("kv_canary_stats_interval", "KV_CANARY_STATS_INTERVAL", _non_negative_int),
     "ring_size": ("kv_canary_ring_size", "KV_CANARY_RING_SIZE", _positive_int),
     "swa_divergence_interval": (None, "KV_CANARY_SWA_DIVERGENCE_INTERVAL", _non_negative_int),
-    "backend": ("kv_canary_backend", "KV_CANARY_BACKEND", _choice(BACKENDS)),
+    "backend": ("kv_canary_backend", None, _choice(BACKENDS)),
     "dist_interval": ("kv_canary_dist_interval", "KV_CANARY_DIST_INTERVAL", _positive_int),
     "token_window": (None, "KV_CANARY_TOKEN_WINDOW", _non_negative_int),
 }
@@ -98,6 +99,6 @@ def load_settings(server_args: Any = None, environ: Optional[Mapping[str, str]] 
         raw = getattr(server_args, attr, None) if (attr and server_args is not None) else None
         if raw is not None:
             values[field_name] = parse(f"server_args.{attr}", raw)
-        elif var in env and str(env[var]).strip() != "":
+        elif var is not None and str(env.get(var, "")).strip() != "":
             values[field_name] = parse(var, env[var])
     return CanarySettings(**values)

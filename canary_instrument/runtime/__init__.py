@@ -1,0 +1,37 @@
+"""The canary runtime that generated wiring calls: install, per-forward managers, kernel launch, reporting.
+
+The wiring helpers are torch-free; everything that needs torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from canary_instrument.runtime.wiring import canary_context, context_tuple, mark_init_finished
+
+_LAZY = {
+    "install_canary": "canary_instrument.runtime.install",
+    "CanaryManager": "canary_instrument.runtime.manager",
+    "SingleForwardManager": "canary_instrument.runtime.manager",
+    "CanaryStats": "canary_instrument.runtime.manager",
+    "CanarySettings": "canary_instrument.runtime.settings",
+    "load_settings": "canary_instrument.runtime.settings",
+    "Violation": "canary_instrument.runtime.violations",
+    "SwaDivergenceLog": "canary_instrument.runtime.swa_divergence",
+    "CanaryError": "canary_instrument.runtime.errors",
+    "CanaryWiringError": "canary_instrument.runtime.errors",
+    "CanaryHealthError": "canary_instrument.runtime.errors",
+    "CanaryViolationError": "canary_instrument.runtime.errors",
+}
+
+__all__ = ["canary_context", "context_tuple", "mark_init_finished", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,52 @@
+"""Bracket the model's outermost forward with the manager's inside-the-graph pre- and post-ops.
+
+Only the outermost call is bracketed: a model whose forward re-enters itself (as
+vision-language models do around their language model) must not verify and write twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+_MARK = "__kv_canary_bracketed__"
+
+
+def bracket_model_forward(model: Any, manager: Any) -> None:
+    """Replace ``model.forward`` (on the instance) with the bracketed version."""
+    original = getattr(model, "forward", None)
+    if original is None or not callable(original):
+        raise ValueError(f"kv canary: model {type(model).__qualname__} has no callable forward to bracket")
+    if getattr(original, _MARK, False):
+        raise ValueError(f"kv canary: model {type(model).__qualname__}.forward is already bracketed by a canary")
+    depth = threading.local()
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        level = getattr(depth, "value", 0)
+        if level > 0:
+            return original(*args, **kwargs)
+        depth.value = 1
+        try:
+            input_ids = args[0] if args else kwargs.get("input_ids")
+            if input_ids is None:
+                batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+                input_ids = getattr(batch, "input_ids", None)
+            manager.pre_ops_maybe_inside_graph(input_ids)
+            output = original(*args, **kwargs)
+            manager.post_ops_maybe_inside_graph()
+            return output
+        finally:
+            depth.value = 0
+
+    setattr(forward, _MARK, True)
+    forward.__wrapped_original__ = original
+    model.forward = forward
+
+
+def unbracket_model_forward(model: Any) -> None:
+    """Undo ``bracket_model_forward`` (tests, and engines that rebuild their model)."""
+    forward = model.__dict__.get("forward")
+    if forward is not None and getattr(forward, _MARK, False):
+        del model.forward

@@ -1,0 +1,443 @@
+"""The canary manager of one model runner, and its per-sub-forward managers.
+
+One forward step runs four phases, enforced in order once init has finished:
+pre-ops outside the graph (plan + expected tokens, host work) -> pre-ops maybe inside the
+graph (verify + write, device work) -> post-ops maybe inside (verify + fingerprint) ->
+post-ops outside (read the previous step's results, snapshot this step's). Before init has
+finished (warm-up, graph capture) the inside ops still launch, so capture records them, but
+their plans say ``enabled = 0`` and they do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Optional
+
+from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationError, CanaryWiringError
+from canary_instrument.runtime.plan import EXTEND, IDLE, PlanBuffers, forward_kind
+from canary_instrument.runtime.readback import DelayedReadback, Snapshot
+from canary_instrument.runtime.settings import CanarySettings
+from canary_instrument.runtime.state import CanaryState, PlanInputs
+from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
+from canary_instrument.runtime.violations import Violation, decode_records
+
+logger = logging.getLogger("canary_instrument.runtime")
+
+# Status vector layout (one device buffer, so one copy snapshots it all).
+_RING_COUNT = slice(0, 1)
+_COUNTERS = slice(1, 5)
+_GROUP_VERIFIED = slice(5, 7)
+_SWA = slice(7, 9)
+_STATUS_LEN = 9
+
+# Sub-forward phases.
+_IDLE, _PLANNED, _PRE_DONE, _POST_DONE = "idle", "planned", "pre-ops done", "post-ops done"
+
+_MAX_KEPT_VIOLATIONS = 100_000  # violations kept for flush(); older ones only counted
+
+
+@dataclass(frozen=True)
+class CanaryStats:
+    """Cumulative figures as of the last snapshot the host has read."""
+
+    steps: int  # forward steps (outside contexts) completed
+    tokens_protected: int  # rows written by pre-forward: tokens whose KV now carries a canary row
+    verified: int  # entries verified (all groups and halves)
+    written: int  # same as tokens_protected, per group and half
+    pre_runs: int
+    post_runs: int
+    violations: int
+
+    def format(self) -> str:
+        return (
+            f"kv_canary stats: steps={self.steps} tokens_protected={self.tokens_protected} "
+            f"verified={self.verified} written={self.written} pre_runs={self.pre_runs} "
+            f"post_runs={self.post_runs} violations={self.violations}"
+        )
+
+
+@dataclass(frozen=True)
+class _Tag:
+    """Host facts at snapshot time: step number, enabled sub-forwards planned so far, SWA report due."""
+
+    step: int
+    planned: int
+    swa_due: bool
+
+
+class SingleForwardManager:
+    """One sub-forward (one model forward of a multi-step draft): its plan and phase."""
+
+    def __init__(self, index: int, manager: "CanaryManager", plan: PlanInputs):
+        self.index = index
+        self.plan = plan
+        self._manager = manager
+        self.phase = _IDLE
+
+    def _expect(self, allowed: tuple[str, ...], action: str) -> None:
+        if self.phase not in allowed:
+            raise CanaryWiringError(
+                f"kv canary: {action} for sub-forward {self.index} while it is {self.phase!r}; "
+                f"expected {' or '.join(repr(a) for a in allowed)} (is a canary context missing or duplicated?)"
+            )
+
+    def pre_ops_maybe_inside_graph(self, input_ids: Any) -> None:
+        manager = self._manager
+        if manager.init_finished:
+            self._expect((_PLANNED,), "pre-ops inside the graph")
+            self.phase = _PRE_DONE
+        manager.ops.pre_forward(manager.state, self.plan, input_ids)
+
+    def post_ops_maybe_inside_graph(self) -> None:
+        manager = self._manager
+        if manager.init_finished:
+            self._expect((_PRE_DONE,), "post-ops inside the graph")
+            self.phase = _POST_DONE
+        manager.ops.post_forward(manager.state, self.plan)
+
+
+class CanaryManager:
+    """Owns one model runner's canary state and drives the kernels at the four phases of a step."""
+
+    def __init__(
+        self,
+        *,
+        settings: CanarySettings,
+        state: CanaryState,
+        ops: Any,
+        device: Any,
+        num_single_forward: int,
+        max_bs: int,
+        expected_tokens: Any = None,
+        process_group: Any = None,
+    ):
+        import torch
+
+        if num_single_forward < 1:
+            raise ValueError(f"kv canary: num_single_forward must be >= 1, got {num_single_forward}")
+        self.settings = settings
+        self.ops = ops
+        self.device = torch.device(device)
+        self._tokens = expected_tokens
+        self._status = torch.zeros(_STATUS_LEN, dtype=torch.int64, device=self.device)
+        state.ring = torch.zeros((settings.ring_size, 8), dtype=torch.int64, device=self.device)
+        state.ring_count = self._status[_RING_COUNT]
+        state.counters = self._status[_COUNTERS]
+        state.group_verified = self._status[_GROUP_VERIFIED]
+        state.expected_tokens = expected_tokens.table if expected_tokens is not None else None
+        self.state = state
+        self._plans = PlanBuffers(num_single_forward, max_bs, self.device)
+        self.single_forward_managers = [
+            SingleForwardManager(i, self, plan) for i, plan in enumerate(self._plans.plans)
+        ]
+        self._readback = DelayedReadback(self._status, state.ring)
+        self._group = process_group
+        self._world = 1
+        if process_group is not None:
+            from canary_instrument.runtime.distributed import group_size
+
+            self._world = group_size(process_group)
+
+        self.init_finished = False
+        self._active: Optional[SingleForwardManager] = None
+        self._outside_open = False
+        self._step = 0
+        self._planned = 0  # enabled sub-forward plans since init finished
+        self._seen = 0  # ring records read so far
+        self._unflushed: list[Violation] = []
+        self._unflushed_dropped = 0
+        self._pending_raise: list[Violation] = []
+        self._pending_lines: list[str] = []
+        self._unhealthy: Optional[str] = None
+        self._last = CanaryStats(0, 0, 0, 0, 0, 0, 0)
+        self._violations_seen_by_ranks = 0
+
+    # ------------------------------------------------------------------ wiring surface
+
+    @property
+    def num_single_forward(self) -> int:
+        return len(self.single_forward_managers)
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def mark_init_finished(self) -> None:
+        """Warm-up and capture are over: from now on plans are enabled and phase order is enforced."""
+        if self._active is not None or self._outside_open:
+            raise CanaryWiringError("kv canary: mark_init_finished() called inside a canary context")
+        self.init_finished = True
+
+    @contextlib.contextmanager
+    def with_active_single_forward_manager(self, index: int) -> Iterator[SingleForwardManager]:
+        """Route the bracketed model forward inside this block to sub-forward ``index``."""
+        sfm = self._sub_forward(index)
+        if self._active is not None:
+            raise CanaryWiringError(
+                f"kv canary: with_active_single_forward_manager({index}) nested inside "
+                f"with_active_single_forward_manager({self._active.index})"
+            )
+        self._active = sfm
+        try:
+            yield sfm
+        finally:
+            self._active = None
+
+    @contextlib.contextmanager
+    def with_ops_outside_graph(
+        self,
+        single_forward_indices: Optional[Iterable[int]] = None,
+        maybe_inaccurate_forward_batch: Any = None,
+    ) -> Iterator[None]:
+        """Plan the listed sub-forwards before the block; read results and snapshot after it."""
+        if self._outside_open:
+            raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
+        indices = [0] if single_forward_indices is None else list(single_forward_indices)
+        sfms = [self._sub_forward(i) for i in indices]
+        if len({s.index for s in sfms}) != len(sfms):
+            raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
+        self._outside_open = True
+        try:
+            planned = self._pre_ops_outside_graph(sfms, maybe_inaccurate_forward_batch) if self.init_finished else []
+            ok = False
+            try:
+                yield
+                ok = True
+            finally:
+                self._post_ops_outside_graph(sfms, planned, maybe_inaccurate_forward_batch, ok)
+        finally:
+            self._outside_open = False
+
+    # Called by the bracketed model.forward.
+    def pre_ops_maybe_inside_graph(self, input_ids: Any) -> None:
+        sfm = self._active_or_none("pre-ops")
+        if sfm is not None:
+            sfm.pre_ops_maybe_inside_graph(input_ids)
+
+    def post_ops_maybe_inside_graph(self) -> None:
+        sfm = self._active_or_none("post-ops")
+        if sfm is not None:
+            sfm.post_ops_maybe_inside_graph()
+
+    # ------------------------------------------------------------------ results
+
+    def flush(self) -> list[Violation]:
+        """Block until every launched canary pass is read; return the violations read since the last flush.
+
+        Log mode logs them as a step would; raise mode raises ``CanaryViolationError`` carrying them.
+        """
+        if self._outside_open:
+            raise CanaryWiringError("kv canary: flush() called inside with_ops_outside_graph()")
+        self._drain(final=True)
+        out, self._unflushed = self._unflushed, []
+        self._unflushed_dropped = 0
+        self._raise_pending(local=True)
+        return out
+
+    def stats(self) -> CanaryStats:
+        """Figures as of the last snapshot read (call ``flush()`` first for up-to-date ones)."""
+        return self._last
+
+    # ------------------------------------------------------------------ phases
+
+    def _sub_forward(self, index: int) -> SingleForwardManager:
+        if not isinstance(index, int) or not 0 <= index < self.num_single_forward:
+            raise CanaryWiringError(
+                f"kv canary: sub-forward index {index!r} out of range; this manager has "
+                f"{self.num_single_forward} (max(1, speculative_num_steps - 1))"
+            )
+        return self.single_forward_managers[index]
+
+    def _active_or_none(self, what: str) -> Optional[SingleForwardManager]:
+        if self._active is None and self.init_finished:
+            raise CanaryWiringError(
+                f"kv canary: model forward ran {what} outside with_active_single_forward_manager(); "
+                "this forward path is not wired"
+            )
+        return self._active
+
+    def _pre_ops_outside_graph(self, sfms: list[SingleForwardManager], forward_batch: Any) -> list:
+        if forward_batch is None:
+            raise CanaryWiringError("kv canary: with_ops_outside_graph() needs the forward batch after init")
+        for sfm in sfms:
+            sfm._expect((_IDLE,), "with_ops_outside_graph()")
+        kind = forward_kind(forward_batch)
+        planned = []
+        try:
+            for sfm in sfms:
+                if self._plans.fill(sfm.index, forward_batch, kind) > 0:
+                    planned.append(sfm)
+            if self._tokens is not None and kind != IDLE:
+                self._tokens.update(forward_batch, full_rows=(kind == EXTEND))
+        except BaseException:
+            for sfm in sfms:
+                self._plans.disable(sfm.index)
+            raise
+        self._plans.upload()
+        for sfm in sfms:
+            sfm.phase = _PLANNED
+        return planned
+
+    def _post_ops_outside_graph(self, sfms, planned, forward_batch, ok: bool) -> None:
+        if self.init_finished and sfms and sfms[0].phase != _IDLE:
+            for sfm in sfms:
+                self._plans.disable(sfm.index)
+            # Disable before anything can replay the graph again without a fresh plan.
+            self._plans.upload()
+            phases = [(s.index, s.phase) for s in sfms]
+            for sfm in sfms:
+                sfm.phase = _IDLE
+            if not ok:
+                return
+            half_done = [i for i, p in phases if p == _PRE_DONE]
+            if half_done:
+                raise CanaryWiringError(f"kv canary: sub-forward(s) {half_done} ran pre-ops but never post-ops")
+            self._planned += len(planned)
+        if not ok:
+            return
+        self._step += 1
+        swa_due = self._swa_due()
+        if swa_due:
+            self._status[_SWA].copy_(self._swa_on_device(forward_batch))
+        self._readback_and_report(_Tag(self._step, self._planned, swa_due))
+
+    # ------------------------------------------------------------------ reading results
+
+    def _readback_and_report(self, tag: _Tag) -> None:
+        previous = self._readback.harvest()
+        self._readback.take(tag)
+        if previous is not None:
+            self._process(previous)
+        self._after_step(tag.step)
+
+    def _drain(self, final: bool) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        while True:
+            snapshot = self._readback.harvest()
+            if snapshot is None:
+                break
+            self._process(snapshot)
+        if final:
+            self._readback.take(_Tag(self._step, self._planned, False))
+            self._process(self._readback.harvest())
+
+    def _process(self, snapshot: Snapshot) -> None:
+        values, tag = snapshot.values, snapshot.tag
+        count = values[_RING_COUNT][0]
+        pre_runs, post_runs, verified, written = values[_COUNTERS]
+        new = count - self._seen
+        if new > 0:
+            ring = self._readback.read_ring(snapshot)
+            ring_size = ring.shape[0]
+            first = max(self._seen, count - ring_size)
+            rows = [ring[i % ring_size].tolist() for i in range(first, count)]
+            violations = decode_records(rows, tag.step)
+            dropped = first - self._seen
+            self._seen = count
+            self._report(violations, dropped, tag.step)
+        self._last = CanaryStats(
+            steps=tag.step,
+            tokens_protected=written,
+            verified=verified,
+            written=written,
+            pre_runs=pre_runs,
+            post_runs=post_runs,
+            violations=count,
+        )
+        if tag.planned and (pre_runs < tag.planned or post_runs < tag.planned) and self._unhealthy is None:
+            self._unhealthy = (
+                f"kv canary health check failed at step {tag.step}: {tag.planned} canary sub-forwards were planned "
+                f"since init finished but the device counted {pre_runs} pre-forward and {post_runs} post-forward "
+                "runs; a canary kernel stopped running (lost wiring, or a graph captured without the canary)"
+            )
+        if tag.swa_due:
+            group_verified = values[_GROUP_VERIFIED]
+            remapped, out_of_window = values[_SWA]
+            logger.info(
+                "%s",
+                SwaDivergenceLog(
+                    forward_ct=tag.step,
+                    verify_full=group_verified[0],
+                    verify_swa=group_verified[1],
+                    swa_full_idx_divergence=remapped,
+                    swa_out_of_window_tokens=out_of_window,
+                ).format(),
+            )
+        interval = self.settings.stats_interval
+        if interval and tag.step % interval == 0:
+            logger.info("%s", self._last.format())
+
+    def _report(self, violations: list[Violation], dropped: int, step: int) -> None:
+        extra = []
+        if dropped:
+            extra.append(
+                f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
+                f"(KV_CANARY_RING_SIZE={self.settings.ring_size})"
+            )
+        room = _MAX_KEPT_VIOLATIONS - len(self._unflushed)
+        self._unflushed.extend(violations[: max(0, room)])
+        self._unflushed_dropped += max(0, len(violations) - max(0, room))
+        if self.settings.mode == "raise":
+            self._pending_raise.extend(violations)
+            self._pending_lines.extend(extra)
+            return
+        for v in violations:
+            logger.error("%s", v.format())
+        for line in extra:
+            logger.error("%s", line)
+
+    def _after_step(self, step: int) -> None:
+        if self._world > 1:
+            if step % self.settings.dist_interval == 0:
+                self._combine_ranks(step)
+            return
+        self._raise_pending(local=True)
+
+    def _raise_pending(self, local: bool) -> None:
+        if self._unhealthy is not None:
+            message, self._unhealthy = self._unhealthy, None
+            raise CanaryHealthError(message)
+        if self._pending_raise or self._pending_lines:
+            violations, lines = self._pending_raise, self._pending_lines
+            self._pending_raise, self._pending_lines = [], []
+            raise CanaryViolationError(violations, lines)
+
+    def _combine_ranks(self, step: int) -> None:
+        """A collective at the same step on every rank; then every rank raises what any rank found."""
+        import torch.distributed as dist
+
+        from canary_instrument.runtime.distributed import combine
+
+        reports = combine(self._group, self._last.violations, self._unhealthy is not None, self._last.written)
+        total = sum(r.violations for r in reports)
+        new_violations = total > self._violations_seen_by_ranks
+        self._violations_seen_by_ranks = total
+        sick = [r.rank for r in reports if r.unhealthy]
+        if dist.get_rank() == min(r.rank for r in reports):
+            logger.info(
+                "kv_canary ranks: step=%d ranks=%d violations=%d written=%d unhealthy_ranks=%s",
+                step, len(reports), total, sum(r.written for r in reports), sick,
+            )
+        self._raise_pending(local=True)
+        if sick:
+            raise CanaryHealthError(f"kv canary health check failed on rank(s) {sick} (combined at step {step})")
+        if self.settings.mode == "raise" and new_violations:
+            ranks = [r.rank for r in reports if r.violations > 0]
+            raise CanaryViolationError([], [f"kv_canary violations on rank(s) {ranks}: {total} in all ranks"])
+
+    # ------------------------------------------------------------------ SWA divergence
+
+    def _swa_due(self) -> bool:
+        interval = self.settings.swa_divergence_interval
+        return bool(interval) and self.state.layout == "swa" and self._step % interval == 0
+
+    def _swa_on_device(self, forward_batch: Any) -> Any:
+        seq_lens = None
+        if forward_batch is not None and forward_kind(forward_batch) != IDLE:
+            seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
+        return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)

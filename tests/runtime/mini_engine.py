@@ -1,0 +1,273 @@
+"""A small sglang-shaped engine for the runtime tests: real pools, real batches, a model that writes KV.
+
+Its ``MiniRunner`` carries the same member the ``apply`` wiring generates (``canary_ctx``)
+and calls ``install_canary`` right after its pools exist, as the install hook does. Requests
+are driven by hand (extend, decode, multi-step EAGLE-style draft) so tests control every step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from canary_instrument.runtime import canary_context, install_canary
+
+HEADS, HEAD_DIM, LAYERS, LATENT = 2, 4, 2, 8
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1
+    DECODE = 2
+    TARGET_VERIFY = 3
+    DRAFT_EXTEND = 4
+    IDLE = 5
+
+    # sglang counts target-verify and draft-extend as extend modes too.
+    def is_extend(self):
+        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+    def is_decode(self):
+        return self == ForwardMode.DECODE
+
+    def is_target_verify(self):
+        return self == ForwardMode.TARGET_VERIFY
+
+    def is_draft_extend(self):
+        return self == ForwardMode.DRAFT_EXTEND
+
+    def is_idle(self):
+        return self == ForwardMode.IDLE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    extend_prefix_lens: Optional[torch.Tensor] = None
+    extend_seq_lens: Optional[torch.Tensor] = None
+    canary_token_ids: Optional[list] = None
+    spec_info: Optional[object] = None
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device):
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.free = list(range(size))
+
+
+class MHATokenToKVPool:
+    def __init__(self, size: int, device, layers: int = LAYERS):
+        shape = (size + 1, HEADS, HEAD_DIM)
+        self.k_buffer = [torch.zeros(shape, device=device) for _ in range(layers)]
+        self.v_buffer = [torch.zeros(shape, device=device) for _ in range(layers)]
+
+    def set_kv(self, loc, k, v):
+        for layer in range(len(self.k_buffer)):
+            self.k_buffer[layer][loc] = k + layer
+            self.v_buffer[layer][loc] = v + layer
+
+
+class MLATokenToKVPool:
+    def __init__(self, size: int, device):
+        self.kv_buffer = [torch.zeros((size + 1, 1, LATENT), device=device) for _ in range(LAYERS)]
+
+    def set_kv(self, loc, k, v):
+        for layer in range(len(self.kv_buffer)):
+            self.kv_buffer[layer][loc] = k.reshape(-1, 1, LATENT) + layer
+
+
+class SWAKVPool:
+    def __init__(self, size: int, size_swa: int, device):
+        self.full_kv_pool = MHATokenToKVPool(size, device, layers=1)
+        self.swa_kv_pool = MHATokenToKVPool(size_swa, device, layers=1)
+        self.full_to_swa_index_mapping = torch.zeros(size + 1, dtype=torch.int64, device=device)
+
+    def set_kv(self, loc, k, v):
+        self.full_kv_pool.set_kv(loc, k, v)
+        swa_loc = self.full_to_swa_index_mapping[loc]
+        self.swa_kv_pool.set_kv(swa_loc, k, v)
+
+
+class TinyModel(torch.nn.Module):
+    """Writes a KV row derived from (token, position) for every new token, like attention would."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+        self.forward_calls = 0
+        self.scale = torch.nn.Parameter(torch.ones(()), requires_grad=False)
+
+    def forward(self, input_ids, positions, forward_batch):
+        self.forward_calls += 1
+        base = input_ids.to(torch.float32)[:, None, None] * 0.5 + positions.to(torch.float32)[:, None, None]
+        k = base + torch.arange(HEADS * HEAD_DIM, device=input_ids.device).reshape(1, HEADS, HEAD_DIM) * self.scale
+        self.pool.set_kv(forward_batch.out_cache_loc, k, -k)
+        return k.sum(dim=(1, 2))
+
+
+class NestedModel(TinyModel):
+    """Re-enters its own forward for the language part, as vision-language models do."""
+
+    def forward(self, input_ids, positions, forward_batch, _inner=False):
+        if _inner:
+            return super().forward(input_ids, positions, forward_batch)
+        return self(input_ids, positions, forward_batch, _inner=True)
+
+
+def server_args(**kw):
+    base = dict(kv_canary="log", kv_canary_real_kv="partial", speculative_num_steps=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+class MiniRunner:
+    """A ModelRunner-shaped object: pools, model, ``canary_ctx`` member, install hook."""
+
+    def __init__(self, args, *, layout="mha", device="cpu", size=256, size_swa=128, max_reqs=8,
+                 max_context=64, window=4, is_draft_worker=False, model_cls=TinyModel, req_to_token_pool=None):
+        self.server_args = args
+        self.device = device
+        self.is_draft_worker = is_draft_worker
+        self.req_to_token_pool = req_to_token_pool or ReqToTokenPool(max_reqs, max_context, device)
+        if layout == "mha":
+            self.token_to_kv_pool = MHATokenToKVPool(size, device)
+        elif layout == "mla":
+            self.token_to_kv_pool = MLATokenToKVPool(size, device)
+        else:
+            self.token_to_kv_pool = SWAKVPool(size, size_swa, device)
+        self.sliding_window_size = window if layout == "swa" else None
+        self.model = model_cls(self.token_to_kv_pool).to(device)
+        self.canary_manager = install_canary(server_args=args, model_runner=self)
+
+    # The member `apply` generates for ModelRunner.
+    def canary_ctx(self, forward_batch=None, *, outside=None, active=None):
+        manager = None if self.is_draft_worker else self.canary_manager
+        return canary_context(manager, forward_batch, outside=outside, active=active)
+
+    def forward(self, forward_batch):
+        with self.canary_ctx(forward_batch, outside=[0], active=0):
+            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+@dataclass
+class Req:
+    row: int
+    tokens: list  # target-order token ids, all of them cached after the forward that added them
+    slots: list = field(default_factory=list)  # full slot of each cached position
+
+
+class Scheduler:
+    """Allocates rows and slots, builds batches, evicts out-of-window SWA slots."""
+
+    def __init__(self, runner: MiniRunner, token_ids: bool = True):
+        self.runner = runner
+        self.device = runner.device
+        pool = runner.token_to_kv_pool
+        size = (pool.full_kv_pool.k_buffer[0] if hasattr(pool, "full_kv_pool") else
+                (pool.kv_buffer[0] if hasattr(pool, "kv_buffer") else pool.k_buffer[0])).shape[0] - 1
+        self.free_slots = list(range(1, size + 1))
+        self.swa = hasattr(pool, "full_kv_pool")
+        if self.swa:
+            # Handed out from the top so SWA indices differ from full indices (a real remapping).
+            self.free_swa = list(range(pool.swa_kv_pool.k_buffer[0].shape[0] - 1, 0, -1))
+        self.send_token_ids = token_ids
+
+    def _alloc(self, n):
+        slots, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        if self.swa:
+            mapping = self.runner.token_to_kv_pool.full_to_swa_index_mapping
+            for s in slots:
+                mapping[s] = self.free_swa.pop(0)
+        return slots
+
+    def _evict(self, req: Req):
+        """Free SWA slots the coming forward no longer reads: positions before cached - window."""
+        if not self.swa:
+            return
+        window = self.runner.sliding_window_size
+        mapping = self.runner.token_to_kv_pool.full_to_swa_index_mapping
+        for s in req.slots[: max(0, len(req.slots) - window)]:
+            if int(mapping[s]) != 0:
+                self.free_swa.append(int(mapping[s]))
+                mapping[s] = 0
+
+    def new_request(self, tokens, share_from: Optional[Req] = None, shared: int = 0) -> Req:
+        row = self.runner.req_to_token_pool.free.pop(0)
+        req = Req(row=row, tokens=list(tokens))
+        if share_from is not None:
+            req.slots = list(share_from.slots[:shared])
+        return req
+
+    def extend(self, reqs, mode=ForwardMode.EXTEND):
+        for r in reqs:
+            self._evict(r)
+        prefix = [len(r.slots) for r in reqs]
+        new = [len(r.tokens) - p for r, p in zip(reqs, prefix)]
+        ids, pos, locs = [], [], []
+        for r, p, n in zip(reqs, prefix, new):
+            slots = self._alloc(n)
+            r.slots += slots
+            ids += r.tokens[p:]
+            pos += list(range(p, p + n))
+            locs += slots
+        batch = self._batch(reqs, mode, ids, pos, locs, prefix=prefix, extend=new)
+        self._map(reqs)
+        return batch
+
+    def decode(self, reqs, next_tokens):
+        for r, t in zip(reqs, next_tokens):
+            r.tokens.append(t)
+        for r in reqs:
+            self._evict(r)
+        ids = [r.tokens[-1] for r in reqs]
+        pos = [len(r.slots) for r in reqs]
+        locs = []
+        for r in reqs:
+            (slot,) = self._alloc(1)
+            r.slots.append(slot)
+            locs.append(slot)
+        self._map(reqs)
+        return self._batch(reqs, ForwardMode.DECODE, ids, pos, locs)
+
+    def _map(self, reqs):
+        table = self.runner.req_to_token_pool.req_to_token
+        for r in reqs:
+            table[r.row, : len(r.slots)] = torch.tensor(r.slots, dtype=torch.int32)
+
+    def _batch(self, reqs, mode, ids, pos, locs, prefix=None, extend=None):
+        dev = self.device
+
+        def t(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        return ForwardBatch(
+            forward_mode=mode,
+            batch_size=len(reqs),
+            req_pool_indices=t([r.row for r in reqs]),
+            seq_lens=t([len(r.slots) for r in reqs]),
+            input_ids=t(ids),
+            positions=t(pos),
+            out_cache_loc=t(locs),
+            extend_prefix_lens=t(prefix, torch.int32) if prefix is not None else None,
+            extend_seq_lens=t(extend, torch.int32) if extend is not None else None,
+            canary_token_ids=[list(r.tokens[: len(r.slots)]) for r in reqs] if self.send_token_ids else None,
+        )
+
+    def finish(self, req: Req):
+        self.free_slots += req.slots
+        if self.swa:
+            mapping = self.runner.token_to_kv_pool.full_to_swa_index_mapping
+            for s in req.slots:
+                if int(mapping[s]) != 0:
+                    self.free_swa.append(int(mapping[s]))
+                    mapping[s] = 0
+        self.runner.req_to_token_pool.free.append(req.row)
