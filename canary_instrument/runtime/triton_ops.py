@@ -1,0 +1,152 @@
+"""Load the rendered Triton canary kernels and launch them: one launch per pass, fixed grid.
+
+Kernels come from the installed ``canary_instrument.kernels`` package, or from the checkout's
+``kernels/`` when running from source. Launch arguments are device tensors only (sizes are read
+on the device), so a launch can be captured in a CUDA graph and replayed with new plan values.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..codegen.linemap import annotate
+from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
+from .state import CanaryState, PlanInputs
+
+DEFAULT_BLOCK = 1024
+FULL_ROW_BLOCK = 128  # realkv=all fingerprints whole rows: smaller slot tiles keep registers in check
+MAX_FP_CHUNK = 32
+
+
+def kernels_dir() -> Path:
+    """Where the rendered kernels live: inside the installed package, else the source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "kernels"
+    if (shipped / "manifest.json").is_file():
+        return shipped
+    checkout = package.parent / "kernels"
+    if (checkout / "manifest.json").is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"no rendered canary kernels in {shipped} or {checkout}; run `canary-instrument build-kernels`"
+    )
+
+
+@lru_cache(maxsize=None)
+def load_kernel_module(spec: Spec):
+    path = kernels_dir() / spec.filename
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run `canary-instrument build-kernels`")
+    name = f"canary_instrument.kernels.{spec.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def state_spec(state: CanaryState) -> Spec:
+    v_half = any(g.half == 1 for g in state.groups)
+    spec = spec_for(state.layout, v_half, state.realkv)
+    want = [(g.group, g.half) for g in spec.groups]
+    have = [(g.group, g.half) for g in state.groups]
+    if have != want:
+        raise ValueError(f"CanaryState.groups for layout {state.layout!r} must be (group, half) {want}, got {have}")
+    for g in state.groups:
+        if g.rows.dtype != torch.int64 or g.rows.dim() != 2 or g.rows.shape[1] != 4 or not g.rows.is_contiguous():
+            raise ValueError(f"CanaryGroup(group={g.group}, half={g.half}).rows must be contiguous int64 [slots, 4]")
+        if state.realkv != "none":
+            if g.kv_words is None:
+                raise ValueError(f"CanaryGroup(group={g.group}, half={g.half}).kv_words is required for "
+                                 f"realkv={state.realkv!r}")
+            if g.kv_words.dtype != torch.int64 or g.kv_words.stride(1) != 1:
+                raise ValueError(f"CanaryGroup(group={g.group}, half={g.half}).kv_words must be int64 with unit "
+                                 "stride along the row")
+    if state.layout == "swa" and (state.swa_mapping is None or state.swa_window < 1):
+        raise ValueError("layout 'swa' needs CanaryState.swa_mapping and swa_window >= 1")
+    return spec
+
+
+class TritonCanaryOps:
+    """The Triton backend behind ``get_ops``; identical results to ``reference.TorchCanaryOps``."""
+
+    name = "triton"
+
+    def __init__(self, block: int | None = None, programs: int | None = None):
+        self.block = block
+        self.programs = programs
+
+    def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
+        self._launch("canary_pre_forward", state, plan, [input_ids])
+
+    def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
+        self._launch("canary_post_forward", state, plan, [])
+
+    def _scratch(self, state: CanaryState, name: str, shape) -> torch.Tensor:
+        value = getattr(state, name)
+        if value is not None:
+            return value
+        key = f"_triton_scratch_{name}"
+        if key not in state.extra:
+            state.extra[key] = torch.zeros(shape, dtype=torch.int64, device=state.req_to_token.device)
+        return state.extra[key]
+
+    def _grid(self, device: torch.device) -> int:
+        if self.programs:
+            return self.programs
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).multi_processor_count * 4
+        return 4  # the interpreter runs programs one after another; each re-plans the batch
+
+    def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list) -> None:
+        spec = state_spec(state)
+        module = load_kernel_module(spec)
+        kernel = getattr(module, kernel_name)
+        fp_words = 0
+        if spec.realkv != "none":
+            words = state.groups[0].kv_words.shape[1]
+            fp_words = min(PARTIAL_WORDS, words) if spec.realkv == "partial" else words
+        block = self.block or (FULL_ROW_BLOCK if spec.realkv == "all" else DEFAULT_BLOCK)
+        expected = state.expected_tokens
+        has_expected = expected is not None
+        expected_arg = expected if has_expected else state.req_to_token
+        args = list(leading) + [
+            plan.num_reqs, plan.enabled, plan.req_pool_indices, plan.prefix_lens, plan.extend_lens,
+            state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
+            expected_arg, expected_arg.stride(0) if has_expected else 0,
+            expected_arg.shape[1] if has_expected else 0, state.token_offset,
+        ]
+        for g in state.groups:
+            args.append(g.rows)
+            if spec.realkv != "none":
+                args += [g.kv_words, g.kv_words.stride(0)]
+        if spec.layout == "swa":
+            swa_rows = next(g.rows.shape[0] for g in state.groups if g.group == 1)
+            args += [state.swa_mapping, swa_rows, state.swa_window]
+        ring = self._scratch(state, "ring", (1, 8))
+        args += [
+            ring, self._scratch(state, "ring_count", (1,)), ring.shape[0],
+            self._scratch(state, "counters", (4,)), self._scratch(state, "group_verified", (2,)),
+        ]
+        device = state.req_to_token.device
+        try:
+            kernel[(self._grid(device),)](
+                *args,
+                HAS_EXPECTED=has_expected,
+                MAX_BS=_next_pow2(max(1, plan.req_pool_indices.numel())),
+                BLOCK=block,
+                FP_WORDS=fp_words,
+                FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
+                num_warps=8 if block >= 1024 else 4,
+            )
+        except Exception as exc:
+            raise annotate(exc, [str(kernels_dir() / spec.filename)])
