@@ -208,8 +208,14 @@ class EAGLEWorkerV2:
         )
         self.hooks.fire("draft_extend_batch", forward_batch=forward_batch, runner=self.draft_runner)
         logits_output = self.draft_runner.forward(forward_batch).logits_output
+        # Logits come one per request (its last token); hidden states one per token.
         last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
-        self._store_next_draft(batch, logits_output, last_index, only_last_chunks=True)
+        keep = torch.tensor([req.is_last_chunk for req in batch.reqs], device=self.device)
+        self._store_next_draft(
+            batch.req_pool_indices[keep],
+            logits_output.next_token_logits[keep],
+            logits_output.hidden_states[last_index[keep]],
+        )
 
     def _draft_extend_for_decode(self, batch: "ScheduleBatch", verify_output: EagleVerifyOutput):
         """Draft-extend over all verified positions; the accepted prefix seeds the next chain."""
@@ -232,13 +238,12 @@ class EAGLEWorkerV2:
         else:
             logits_output = self.draft_runner.forward(forward_batch).logits_output
         accept_index = torch.arange(bs, device=self.device) * num_draft + verify_output.accept_lens
-        self._store_next_draft(batch, logits_output, accept_index, only_last_chunks=False)
+        self._store_next_draft(
+            batch.req_pool_indices,
+            logits_output.next_token_logits[accept_index],
+            logits_output.hidden_states[accept_index],
+        )
 
-    def _store_next_draft(self, batch: "ScheduleBatch", logits_output, token_index: torch.Tensor, only_last_chunks: bool):
-        rows = batch.req_pool_indices
-        if only_last_chunks:
-            keep = torch.tensor([req.is_last_chunk for req in batch.reqs], device=self.device)
-            rows, token_index = rows[keep], token_index[keep]
-        logits = logits_output.next_token_logits[token_index]
+    def _store_next_draft(self, rows: torch.Tensor, logits: torch.Tensor, hidden_states: torch.Tensor):
         self.next_draft_token[rows] = torch.argmax(logits, dim=-1)
-        self.next_draft_hidden[rows] = logits_output.hidden_states[token_index]
+        self.next_draft_hidden[rows] = hidden_states

@@ -1,0 +1,231 @@
+"""Scheduler: admits requests against KV memory, mixes prefill, chunked prefill and decode,
+shares prefixes through the radix cache, evicts out-of-window SWA slots, and drives either
+the target model runner directly or the EAGLE worker.
+
+A step is prefill-first, as in sglang: if waiting requests (or an unfinished chunk) fit,
+run an extend batch (with the running requests riding along as one-token extends when
+`enable_mixed_chunk` is set); otherwise decode every running request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+
+from refsgl.srt.debug_hooks import DebugHooks
+from refsgl.srt.managers.schedule_batch import Req, ScheduleBatch
+from refsgl.srt.mem_cache.allocator import SWATokenToKVPoolAllocator
+from refsgl.srt.mem_cache.radix_cache import RadixCache
+from refsgl.srt.model_executor.forward_batch_info import ForwardMode
+from refsgl.srt.model_executor.model_runner import ModelRunner
+from refsgl.srt.server_args import ServerArgs
+
+
+class OutOfKVSlots(RuntimeError):
+    pass
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, model_runner: ModelRunner, spec_worker=None, hooks: Optional[DebugHooks] = None):
+        self.server_args = server_args
+        self.model_runner = model_runner
+        self.spec_worker = spec_worker
+        self.hooks = hooks or DebugHooks()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
+        self.is_swa = isinstance(self.allocator, SWATokenToKVPoolAllocator)
+        self.sliding_window = model_runner.sliding_window_size
+        self.num_draft_tokens = server_args.speculative_num_steps + 1 if spec_worker is not None else 0
+        self.tree_cache = RadixCache(
+            self.allocator,
+            bigram_keys=spec_worker is not None,
+            swa_window=self.sliding_window if self.is_swa else None,
+            disable=server_args.disable_radix_cache,
+        )
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Optional[Req] = None
+        self.finished: list[Req] = []
+        self.forward_ct = 0
+        self._rids = itertools.count()
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, input_ids: list[int], max_new_tokens: int) -> Req:
+        limit = self.server_args.max_context_len - self.num_draft_tokens - 1
+        if not input_ids or len(input_ids) + max_new_tokens > limit:
+            raise ValueError(
+                f"request of {len(input_ids)} prompt + {max_new_tokens} new tokens does not fit "
+                f"max_context_len={self.server_args.max_context_len} (limit {limit})"
+            )
+        req = Req(rid=next(self._rids), origin_input_ids=list(input_ids), max_new_tokens=max_new_tokens)
+        self.waiting.append(req)
+        return req
+
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req)
+
+    # ------------------------------------------------------------------ memory
+
+    def _future_need(self, req: Req) -> int:
+        """Slots `req` may still allocate (prompt rest, outputs, one verify window)."""
+        return (req.seq_len - req.cached_len) + (req.max_new_tokens - len(req.output_ids)) + self.num_draft_tokens
+
+    def _free_capacity(self) -> int:
+        return self.allocator.available_size() + self.tree_cache.evictable_size()
+
+    def alloc_token_slots(self, num_tokens: int) -> torch.Tensor:
+        slots = self.allocator.alloc(num_tokens)
+        if slots is None:
+            self.tree_cache.evict(num_tokens - self.allocator.available_size())
+            slots = self.allocator.alloc(num_tokens)
+        if slots is None:
+            raise OutOfKVSlots(f"need {num_tokens} KV slots, {self.allocator.available_size()} free after eviction")
+        return slots
+
+    def _write_slots(self, req: Req, start: int, slots: torch.Tensor):
+        self.req_to_token_pool.write((req.req_pool_idx, slice(start, start + len(slots))), slots.to(torch.int32))
+
+    def _slots_of(self, req: Req, start: int, end: int) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].long()
+
+    # ------------------------------------------------------------------ batch selection
+
+    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        batch = self._get_new_prefill_batch()
+        if batch is not None:
+            return batch
+        if self.running:
+            return self._get_decode_batch()
+        return None
+
+    def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
+        budget = self.server_args.chunked_prefill_size
+        reqs: list[Req] = []
+        if self.chunked_req is not None:
+            req, self.chunked_req = self.chunked_req, None
+            budget -= self._take_chunk(req, budget)
+            reqs.append(req)
+        reserved = sum(self._future_need(r) for r in self.running + reqs)
+        while self.waiting and budget > 0 and self.chunked_req is None:
+            if len(self.running) + len(reqs) >= self.server_args.max_running_requests:
+                break
+            req = self.waiting[0]
+            prefix_slots, last_node = self.tree_cache.match_prefix(req.all_token_ids)
+            self.tree_cache.inc_lock_ref(last_node)
+            need = reserved + self._future_need(req) - len(prefix_slots)
+            if need > self._free_capacity() or self.req_to_token_pool.available_size() == 0:
+                self.tree_cache.dec_lock_ref(last_node)
+                break
+            self.waiting.pop(0)
+            self._admit(req, prefix_slots, last_node)
+            reserved += self._future_need(req)
+            budget -= self._take_chunk(req, budget)
+            reqs.append(req)
+        if not reqs:
+            return None
+
+        mode = ForwardMode.EXTEND
+        if self.server_args.enable_mixed_chunk and self.running:
+            mode = ForwardMode.MIXED
+            for req in self.running:
+                req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
+            reqs = reqs + self.running
+        out_cache_loc = torch.cat([self.alloc_token_slots(r.extend_len) for r in reqs])
+        start = 0
+        for r in reqs:
+            self._write_slots(r, r.prefix_len, out_cache_loc[start : start + r.extend_len])
+            start += r.extend_len
+        return ScheduleBatch(reqs, mode, self.device, out_cache_loc)
+
+    def _admit(self, req: Req, prefix_slots: list[int], last_node):
+        req.req_pool_idx = self.req_to_token_pool.alloc(1)[0]
+        req.last_node = last_node
+        req.cached_len = len(prefix_slots)
+        if prefix_slots:
+            slots = torch.tensor(prefix_slots, dtype=torch.int64, device=self.device)
+            self._write_slots(req, 0, slots)
+            if self.is_swa:
+                window_start = max(0, len(prefix_slots) - self.sliding_window)
+                self.allocator.acquire_swa(slots[window_start:])
+                req.swa_evicted_seqlen = window_start
+
+    def _take_chunk(self, req: Req, budget: int) -> int:
+        remaining = req.seq_len - req.cached_len
+        req.prefix_len = req.cached_len
+        req.extend_len = min(remaining, budget)
+        req.is_last_chunk = req.extend_len == remaining
+        if not req.is_last_chunk:
+            self.chunked_req = req
+        return req.extend_len
+
+    def _get_decode_batch(self) -> ScheduleBatch:
+        reqs = list(self.running)
+        per_req = self.num_draft_tokens or 1
+        slots = self.alloc_token_slots(per_req * len(reqs)).view(len(reqs), per_req)
+        for req, req_slots in zip(reqs, slots):
+            self._write_slots(req, req.cached_len, req_slots)
+            req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
+        return ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots.reshape(-1))
+
+    # ------------------------------------------------------------------ running a step
+
+    def step(self) -> Optional[ScheduleBatch]:
+        batch = self.get_next_batch_to_run()
+        if batch is None:
+            return None
+        if self.spec_worker is not None:
+            result = self.spec_worker.forward_batch_generation(batch)
+            self._process_result(batch, result.next_token_ids, result.verify_output)
+        else:
+            forward_batch = batch.to_forward_batch(self.model_runner)
+            self.hooks.fire("batch_built", forward_batch=forward_batch, runner=self.model_runner)
+            logits_output = self.model_runner.forward(forward_batch).logits_output
+            next_ids = torch.argmax(logits_output.next_token_logits, dim=-1).tolist()
+            self._process_result(batch, [[t] if r.is_last_chunk else [] for r, t in zip(batch.reqs, next_ids)], None)
+        self.forward_ct += 1
+        self.hooks.fire("step_end", scheduler=self, batch=batch)
+        return batch
+
+    def _process_result(self, batch: ScheduleBatch, new_tokens: list[list[int]], verify_output):
+        for req, tokens in zip(batch.reqs, new_tokens):
+            if verify_output is not None:
+                # Verify wrote positions n .. n + num_draft - 1; keep the accepted ones.
+                keep = len(tokens)
+                start = req.cached_len
+                self.allocator.free(self._slots_of(req, start + keep, start + self.num_draft_tokens))
+                req.cached_len += keep
+            else:
+                req.cached_len += req.extend_len
+            req.output_ids.extend(tokens)
+            if req is self.chunked_req:
+                continue
+            if req not in self.running:
+                self.running.append(req)
+            if len(req.output_ids) >= req.max_new_tokens:
+                self._finish(req)
+            elif self.is_swa:
+                self._release_out_of_window(req)
+
+    def _release_out_of_window(self, req: Req):
+        new_start = max(0, req.cached_len - self.sliding_window)
+        if new_start > req.swa_evicted_seqlen:
+            self.allocator.free_swa(self._slots_of(req, req.swa_evicted_seqlen, new_start))
+            req.swa_evicted_seqlen = new_start
+
+    def _finish(self, req: Req):
+        req.finished = True
+        self.running.remove(req)
+        slots = self._slots_of(req, 0, req.cached_len)
+        keys = req.all_token_ids[: req.cached_len + 1]
+        duplicates = self.tree_cache.insert(keys, slots.tolist())
+        if self.is_swa:
+            self.allocator.free_swa(slots[req.swa_evicted_seqlen :])
+        if duplicates:
+            self.allocator.free(torch.tensor(duplicates, dtype=torch.int64, device=self.device))
+        self.tree_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.finished.append(req)
