@@ -124,7 +124,7 @@ class NestedModel(TinyModel):
 
 
 def server_args(**kw):
-    base = dict(kv_canary="log", kv_canary_real_kv="partial", speculative_num_steps=None)
+    base = dict(kv_canary="log", kv_canary_real_kv="partial", speculative_num_steps=None, kv_canary_stats_interval=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -271,3 +271,70 @@ class Scheduler:
                     self.free_swa.append(int(mapping[s]))
                     mapping[s] = 0
         self.runner.req_to_token_pool.free.append(req.row)
+
+
+class RecordingOps:
+    """The real backend, plus a record of each call: kernel, sub-forward, the plan it saw, model calls so far."""
+
+    def __init__(self, manager, model):
+        self.inner = manager.ops
+        self.manager = manager
+        self.model = model
+        self.calls = []
+        manager.ops = self
+
+    def _record(self, kernel, plan):
+        index = next(i for i, s in enumerate(self.manager.single_forward_managers) if s.plan is plan)
+        n = int(plan.num_reqs[0])
+        self.calls.append(
+            dict(
+                kernel=kernel,
+                index=index,
+                enabled=int(plan.enabled[0]),
+                num_reqs=n,
+                req_pool_indices=plan.req_pool_indices[:n].tolist(),
+                prefix=plan.prefix_lens[:n].tolist(),
+                extend=plan.extend_lens[:n].tolist(),
+                model_calls=self.model.forward_calls,
+            )
+        )
+
+    def pre_forward(self, state, plan, input_ids):
+        self._record("pre", plan)
+        self.inner.pre_forward(state, plan, input_ids)
+
+    def post_forward(self, state, plan):
+        self._record("post", plan)
+        self.inner.post_forward(state, plan)
+
+
+def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=None):
+    """A multi-step draft: the outside batch (decode mode) and one batch per step (its own tokens and slots)."""
+    import dataclasses
+
+    first = [len(r.slots) for r in reqs]
+    slots = [sched._alloc(steps) for _ in reqs]
+    for r, s in zip(reqs, slots):
+        r.slots += s
+    sched._map(reqs)
+    dev = sched.device
+    outer = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=len(reqs),
+        req_pool_indices=torch.tensor([r.row for r in reqs], device=dev),
+        seq_lens=torch.tensor([f + 1 for f in first], device=dev),
+        input_ids=torch.tensor([g[0] for g in guesses], device=dev),
+        positions=torch.tensor(first, device=dev),
+        out_cache_loc=torch.tensor([s[0] for s in slots], device=dev),
+        canary_token_ids=token_ids,
+    )
+    per_step = [
+        dataclasses.replace(
+            outer,
+            input_ids=torch.tensor([g[i] for g in guesses], device=dev),
+            positions=torch.tensor([f + i for f in first], device=dev),
+            out_cache_loc=torch.tensor([s[i] for s in slots], device=dev),
+        )
+        for i in range(steps)
+    ]
+    return outer, per_step

@@ -1,0 +1,34 @@
+"""Runtime tests run on CPU with the torch reference backend, and again on a GPU when one is visible."""
+
+import logging
+
+import pytest
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def dev(request):
+    return request.param
+
+
+@pytest.fixture
+def canary_log(caplog):
+    """Records the runtime's log lines (violations, stats, SWA divergence) at INFO and above."""
+    caplog.set_level(logging.INFO, logger="canary_instrument.runtime")
+    return caplog
+
+
+@pytest.fixture(autouse=True)
+def _clean_canary_env(monkeypatch):
+    for var in (
+        "KV_CANARY",
+        "KV_CANARY_REAL_KV",
+        "KV_CANARY_TOKEN_CHECK",
+        "KV_CANARY_STATS_INTERVAL",
+        "KV_CANARY_RING_SIZE",
+        "KV_CANARY_SWA_DIVERGENCE_INTERVAL",
+        "KV_CANARY_DIST_INTERVAL",
+        "KV_CANARY_TOKEN_WINDOW",
+    ):
+        monkeypatch.delenv(var, raising=False)

@@ -1,0 +1,182 @@
+"""The manager: phase order per forward, dispatch to sub-forward managers, init gating, bracketing."""
+
+import pytest
+import torch
+
+from canary_instrument.runtime import CanaryWiringError, install_canary, mark_init_finished
+
+from .mini_engine import (
+    MiniRunner,
+    NestedModel,
+    RecordingOps,
+    Scheduler,
+    draft_step_batches,
+    server_args,
+)
+
+
+def _runner(dev, **kw):
+    args = kw.pop("args", None) or server_args()
+    runner = MiniRunner(args, device=dev, **kw)
+    return runner, Scheduler(runner), RecordingOps(runner.canary_manager, runner.model)
+
+
+def test_plan_then_verify_write_then_fingerprint_per_forward(dev):
+    runner, sched, ops = _runner(dev)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    a, b = sched.new_request([5, 6, 7]), sched.new_request([9, 10, 11, 12, 13])
+    batch = sched.extend([a, b])
+    runner.forward(batch)
+
+    pre, post = ops.calls
+    # The plan was filled from the real batch before the pre-forward pass ran.
+    assert pre == dict(kernel="pre", index=0, enabled=1, num_reqs=2, req_pool_indices=[a.row, b.row],
+                       prefix=[0, 0], extend=[3, 5], model_calls=0)
+    # Post-ops ran after the real forward, with the same plan.
+    assert post == dict(pre, kernel="post", model_calls=1)
+    rows = manager.state.groups[0].rows
+    written = rows[torch.tensor(a.slots + b.slots)]
+    assert written[:, 1].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]  # positions
+    assert written[:, 0].tolist() == [5, 6, 7, 9, 10, 11, 12, 13]  # tokens
+    assert bool((written[:, 3] != 0).all())  # post-forward stored the real-KV fingerprints
+    # After the step the plan is disabled again, so a replay without a fresh plan does nothing.
+    assert int(manager.single_forward_managers[0].plan.enabled[0]) == 0
+    assert manager.step == 1
+
+
+def test_decode_plan_writes_position_seq_len_minus_one(dev):
+    runner, sched, ops = _runner(dev)
+    mark_init_finished(runner.canary_manager)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
+    runner.forward(sched.extend(reqs))
+    runner.forward(sched.decode(reqs, [7, 8]))
+    pre = ops.calls[2]
+    assert pre["prefix"] == [3, 2] and pre["extend"] == [1, 1]
+    assert runner.canary_manager.flush() == []
+
+
+def test_multi_step_draft_dispatches_each_step_to_its_sub_forward_manager(dev):
+    args = server_args(speculative_num_steps=3)
+    runner, sched, ops = _runner(dev, args=args, is_draft_worker=True)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    target_tokens = [3, 1, 4, 1, 5]
+    req = sched.new_request(target_tokens[1:])  # draft slot p holds target token p + 1
+    extend = sched.extend([req])
+    extend.canary_token_ids = [target_tokens]
+    with manager.with_ops_outside_graph([0], extend), manager.with_active_single_forward_manager(0):
+        runner.model.forward(extend.input_ids, extend.positions, extend)
+
+    outer, steps = draft_step_batches(sched, [req], 2, guesses=[[60, 61]], token_ids=[target_tokens])
+    with manager.with_ops_outside_graph(range(2), outer):
+        for i, step in enumerate(steps):
+            with manager.with_active_single_forward_manager(i):
+                runner.model.forward(step.input_ids, step.positions, step)
+
+    kernels = [(c["kernel"], c["index"], c["prefix"]) for c in ops.calls[2:]]
+    assert kernels == [("pre", 0, [4]), ("post", 0, [4]), ("pre", 1, [5]), ("post", 1, [5])]
+    assert manager.flush() == []
+    rows = manager.state.groups[0].rows
+    assert rows[req.slots[4], :2].tolist() == [60, 4] and rows[req.slots[5], :2].tolist() == [61, 5]
+
+
+def test_nested_active_sub_forward_is_an_error(dev):
+    manager = _runner(dev, args=server_args(speculative_num_steps=3))[0].canary_manager
+    with manager.with_active_single_forward_manager(0):
+        with pytest.raises(CanaryWiringError, match="nested"):
+            with manager.with_active_single_forward_manager(1):
+                pass
+    # The failed nesting left the outer context usable.
+    with manager.with_active_single_forward_manager(1):
+        pass
+
+
+def test_nested_outside_context_is_an_error(dev):
+    runner, sched, _ = _runner(dev)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    batch = sched.extend([sched.new_request([1, 2])])
+    with manager.with_ops_outside_graph([0], batch):
+        with pytest.raises(CanaryWiringError, match="nested"):
+            with manager.with_ops_outside_graph([0], batch):
+                pass
+        with manager.with_active_single_forward_manager(0):
+            runner.model.forward(batch.input_ids, batch.positions, batch)
+
+
+def test_sub_forward_index_out_of_range(dev):
+    manager = _runner(dev)[0].canary_manager
+    with pytest.raises(CanaryWiringError, match="out of range"):
+        with manager.with_active_single_forward_manager(1):
+            pass
+
+
+def test_after_init_a_forward_without_active_sub_forward_is_an_error(dev):
+    runner, sched, _ = _runner(dev)
+    mark_init_finished(runner.canary_manager)
+    batch = sched.extend([sched.new_request([1, 2])])
+    with pytest.raises(CanaryWiringError, match="not wired"):
+        runner.model.forward(batch.input_ids, batch.positions, batch)
+
+
+def test_after_init_inside_ops_without_a_plan_is_an_error(dev):
+    runner, sched, _ = _runner(dev)
+    mark_init_finished(runner.canary_manager)
+    batch = sched.extend([sched.new_request([1, 2])])
+    with pytest.raises(CanaryWiringError, match="pre-ops inside the graph for sub-forward 0 while it is 'idle'"):
+        with runner.canary_manager.with_active_single_forward_manager(0):
+            runner.model.forward(batch.input_ids, batch.positions, batch)
+
+
+def test_before_init_kernels_launch_disabled_and_do_nothing(dev):
+    runner, sched, ops = _runner(dev)
+    manager = runner.canary_manager
+    batch = sched.extend([sched.new_request([1, 2, 3])])
+    # Warm-up / capture: only the active context, no plan, no error.
+    with manager.with_active_single_forward_manager(0):
+        runner.model.forward(batch.input_ids, batch.positions, batch)
+    runner.forward(batch)  # a wired warm-up forward
+    assert [(c["kernel"], c["enabled"]) for c in ops.calls] == [("pre", 0), ("post", 0)] * 2
+    assert int(manager.state.groups[0].rows.abs().sum()) == 0
+    assert manager.flush() == [] and manager.stats().pre_runs == 0
+
+
+def test_exception_in_the_forward_resets_the_phase(dev):
+    runner, sched, ops = _runner(dev)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    req = sched.new_request([1, 2, 3])
+    batch = sched.extend([req])
+    with pytest.raises(ZeroDivisionError):
+        with manager.with_ops_outside_graph([0], batch), manager.with_active_single_forward_manager(0):
+            1 / 0
+    assert manager.single_forward_managers[0].phase == "idle"
+    assert int(manager.single_forward_managers[0].plan.enabled[0]) == 0
+    runner.forward(batch)
+    assert manager.flush() == []
+
+
+def test_only_the_outermost_forward_is_bracketed(dev):
+    runner, sched, ops = _runner(dev, model_cls=NestedModel)
+    mark_init_finished(runner.canary_manager)
+    runner.forward(sched.extend([sched.new_request([1, 2, 3])]))
+    assert runner.model.forward_calls == 1  # the inner language-model forward ran once...
+    assert [c["kernel"] for c in ops.calls] == ["pre", "post"]  # ...and was bracketed once
+    assert runner.canary_manager.flush() == []
+
+
+def test_installing_twice_on_one_model_is_refused(dev):
+    runner = _runner(dev)[0]
+    with pytest.raises(ValueError, match="already bracketed"):
+        install_canary(server_args=runner.server_args, model_runner=runner)
+
+
+def test_draft_worker_guard_in_the_generated_member(dev):
+    runner, sched, ops = _runner(dev, is_draft_worker=True)
+    mark_init_finished(runner.canary_manager)
+    batch = sched.extend([sched.new_request([1, 2, 3])])
+    # The ModelRunner.forward site is off on a draft worker; the EAGLE worker's sites drive it.
+    with pytest.raises(CanaryWiringError, match="not wired"):
+        runner.forward(batch)
+    assert ops.calls == []
