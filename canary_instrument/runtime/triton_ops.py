@@ -38,11 +38,13 @@ def kernels_dir() -> Path:
 
 
 @lru_cache(maxsize=None)
-def load_kernel_module(spec: Spec):
-    path = kernels_dir() / spec.filename
+def load_kernel_module(spec: Spec, directory: Path | None = None):
+    path = (directory or kernels_dir()) / spec.filename
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; run `canary-instrument build-kernels`")
     name = f"canary_instrument.kernels.{spec.stem}"
+    if directory is not None:
+        name += f"_{abs(hash(str(directory)))}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
@@ -81,9 +83,10 @@ class TritonCanaryOps:
 
     name = "triton"
 
-    def __init__(self, block: int | None = None, programs: int | None = None):
+    def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None):
         self.block = block
         self.programs = programs
+        self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
         self._launch("canary_pre_forward", state, plan, [input_ids])
@@ -109,7 +112,7 @@ class TritonCanaryOps:
 
     def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list) -> None:
         spec = state_spec(state)
-        module = load_kernel_module(spec)
+        module = load_kernel_module(spec, self.kernel_dir)
         kernel = getattr(module, kernel_name)
         fp_words = 0
         if spec.realkv != "none":
@@ -149,4 +152,4 @@ class TritonCanaryOps:
                 num_warps=8 if block >= 1024 else 4,
             )
         except Exception as exc:
-            raise annotate(exc, [str(kernels_dir() / spec.filename)])
+            raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])

@@ -78,6 +78,7 @@ def make_scenario(
     device: str = "cpu",
 ) -> Scenario:
     rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     max_reqs = max_bs + 3
     pools = rng.sample(range(max_reqs), num_reqs)
     requests: list[Request] = []
@@ -101,7 +102,7 @@ def make_scenario(
         req.full_slots = requests[0].full_slots[:shared] + [free.pop() for _ in range(req.prefix + req.extend - shared)]
 
     groups_spec = group_specs(layout, v_half)
-    req_to_token = torch.randint(0, full_slots, (max_reqs, max_context), dtype=torch.int32)
+    req_to_token = torch.randint(0, full_slots, (max_reqs, max_context), dtype=torch.int32, generator=gen)
     mapping = torch.zeros(full_slots, dtype=torch.int64)
     if layout == "swa":
         swa_free = list(range(1, swa_slots))
@@ -124,10 +125,10 @@ def make_scenario(
     groups = []
     for g, h in groups_spec:
         n = swa_slots if g == GROUP_SWA else full_slots
-        rows = torch.randint(-(2**62), 2**62, (n, 4), dtype=torch.int64)
+        rows = torch.randint(-(2**62), 2**62, (n, 4), dtype=torch.int64, generator=gen)
         words = None
         if realkv != "none":
-            words = torch.randint(-(2**62), 2**62, (n, kv_words), dtype=torch.int64)
+            words = torch.randint(-(2**62), 2**62, (n, kv_words), dtype=torch.int64, generator=gen)
         groups.append(CanaryGroup(group=g, half=h, rows=rows, kv_words=words))
 
     for req in requests:

@@ -1,0 +1,144 @@
+"""The rendered Triton kernels against the byte-exact torch reference, per layout and real-KV mode.
+
+Rows, counters, per-group counts and ring records must agree exactly (records as a multiset).
+On CPU this runs through Triton's interpreter with small tiles so multi-block and multi-chunk
+paths are exercised on small pools; on a GPU the same tests run compiled.
+"""
+
+import pytest
+import torch
+
+from canary_instrument.runtime import reference
+from canary_instrument.runtime.state import (
+    FINGERPRINT,
+    LINK,
+    PADDING_SLOT,
+    POSITION,
+    SWA_UNMAPPED,
+    TOKEN,
+)
+from canary_instrument.runtime.triton_ops import TritonCanaryOps
+
+from .faults import FAULTS, inject
+from .scenario import make_scenario, to_device, violations
+
+BLOCK = 8  # small tiles: requests span several verify blocks and write chunks
+LAYOUT_HALVES = [("mha", True), ("mha", False), ("mla", False), ("swa", True), ("swa", False)]
+CASES = [
+    (layout, v_half, realkv, offset)
+    for layout, v_half in LAYOUT_HALVES
+    for realkv in ("none", "partial", "all")
+    for offset in (0, 1)
+    if offset == 0 or realkv == "partial"
+]
+
+
+def _ops():
+    return TritonCanaryOps(block=BLOCK, programs=3)
+
+
+def assert_same(kernel_state, ref_state):
+    for got, want in zip(kernel_state.groups, ref_state.groups):
+        assert torch.equal(got.rows.cpu(), want.rows.cpu()), f"rows differ in group {got.group} half {got.half}"
+    assert kernel_state.counters.tolist() == ref_state.counters.tolist()
+    assert kernel_state.group_verified.tolist() == ref_state.group_verified.tolist()
+    assert int(kernel_state.ring_count[0]) == int(ref_state.ring_count[0])
+    assert violations(kernel_state) == violations(ref_state)
+
+
+def run_both(sc, ops, passes=("pre", "post")):
+    ref = sc.clone()
+    ref = to_device(ref, "cpu")
+    for name in passes:
+        if name == "pre":
+            ops.pre_forward(sc.state, sc.plan, sc.input_ids)
+            reference.pre_forward(ref.state, ref.plan, ref.input_ids)
+        else:
+            ops.post_forward(sc.state, sc.plan)
+            reference.post_forward(ref.state, ref.plan)
+    assert_same(sc.state, ref.state)
+    return sc, ref
+
+
+@pytest.mark.parametrize("layout,v_half,realkv,token_offset", CASES)
+def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, token_offset):
+    # 3 real requests in a 5-wide graph batch (padding entries hold junk), request 1 shares request
+    # 0's prefix slots, one request has an empty prefix, one writes 3 chunks; SWA evicts beyond W=6.
+    sc = make_scenario(layout, realkv, v_half, seed=7, num_reqs=3, max_bs=5, prefix_lens=[13, 9, 0],
+                       extend_lens=[2, 1, 19], token_offset=token_offset, swa_window=6, max_context=48,
+                       full_slots=160, swa_slots=96, device=device)
+    run_both(sc, _ops())
+    assert violations(sc.state) == []
+    # Step 2: all rows written above are prefix now and must verify clean, fingerprints included.
+    sc.plan.prefix_lens[:3] += sc.plan.extend_lens[:3]
+    sc.plan.extend_lens[:3] = 0
+    run_both(sc, _ops(), passes=("pre",))
+    assert violations(sc.state) == []
+
+
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_empty_and_disabled_batches(device, layout):
+    sc = make_scenario(layout, "partial", seed=3, num_reqs=0, max_bs=4, device=device)
+    run_both(sc, _ops())
+    assert sc.state.counters.tolist() == [1, 1, 0, 0]
+    sc = make_scenario(layout, "partial", seed=3, num_reqs=2, max_bs=4, device=device)
+    sc.plan.enabled[0] = 0
+    run_both(sc, _ops())
+    assert sc.state.counters.tolist() == [0, 0, 0, 0]
+
+
+EXPECTED_BITS = {
+    "remapped_req_to_token": POSITION,
+    "wrong_position": POSITION,
+    "flipped_kv_byte": FINGERPRINT,
+    "wrong_token": TOKEN,
+    "bad_swa_mapping": SWA_UNMAPPED,
+    "padding_slot": PADDING_SLOT,
+    "broken_link": LINK,
+}
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_faults_reported_identically_with_the_right_reason(device, layout, fault):
+    sc = make_scenario(layout, "partial", seed=21, num_reqs=3, max_bs=4, prefix_lens=[14, 9, 11],
+                       extend_lens=[3, 1, 0], unfingerprinted=0.0, swa_window=6, max_context=40,
+                       full_slots=128, swa_slots=64)
+    target = inject(sc, fault)
+    if target is None:
+        pytest.skip(f"{fault} needs a layout with an SWA group; {layout} has none")
+    sc = to_device(sc, device)
+    run_both(sc, _ops())
+    hits = [r for r in violations(sc.state) if (r[1], r[3], r[7]) == target.key]
+    assert hits and hits[0][6] & EXPECTED_BITS[fault], (fault, target, violations(sc.state))
+
+
+def test_ring_stays_bounded_when_violations_outnumber_it(device):
+    sc = make_scenario("mha", "none", seed=9, num_reqs=2, max_bs=2, prefix_lens=[20, 20], extend_lens=[0, 0],
+                       ring_size=4, share_prefix=False, device=device)
+    sc.state.groups[0].rows[:, 1] += 1000
+    big = make_scenario("mha", "none", seed=9, num_reqs=2, max_bs=2, prefix_lens=[20, 20], extend_lens=[0, 0],
+                        ring_size=64, share_prefix=False)
+    big.state.groups[0].rows[:, 1] += 1000
+    reference.pre_forward(big.state, big.plan, big.input_ids)
+    _ops().pre_forward(sc.state, sc.plan, sc.input_ids)
+    assert int(sc.state.ring_count[0]) == int(big.state.ring_count[0]) == 40
+    all_records = set(violations(big.state))
+    assert {tuple(r) for r in sc.state.ring.cpu().tolist()} <= all_records
+
+
+def test_state_without_counters_or_ring_still_runs(device):
+    sc = make_scenario("mla", "none", seed=1, device=device)
+    sc.state.ring = sc.state.ring_count = sc.state.counters = sc.state.group_verified = None
+    _ops().pre_forward(sc.state, sc.plan, sc.input_ids)
+    _ops().post_forward(sc.state, sc.plan)
+    ref = make_scenario("mla", "none", seed=1)
+    reference.pre_forward(ref.state, ref.plan, ref.input_ids)
+    assert torch.equal(sc.state.groups[0].rows.cpu(), ref.state.groups[0].rows)
+
+
+def test_mismatched_groups_are_a_clear_error(device):
+    sc = make_scenario("mha", "none", v_half=True, seed=1, device=device)
+    sc.state.layout = "mla"
+    with pytest.raises(ValueError, match="mla"):
+        _ops().pre_forward(sc.state, sc.plan, sc.input_ids)
