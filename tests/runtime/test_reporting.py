@@ -1,0 +1,123 @@
+"""Results reach the host one step late; log mode logs parseable lines, raise mode raises once with all."""
+
+import pytest
+
+from canary_instrument.runtime import CanaryViolationError, Violation, mark_init_finished
+
+from .mini_engine import MiniRunner, Scheduler, server_args
+
+
+def _serving(dev, layout="mha", **args):
+    runner = MiniRunner(server_args(**args), layout=layout, device=dev)
+    sched = Scheduler(runner)
+    mark_init_finished(runner.canary_manager)
+    reqs = [sched.new_request([11, 12, 13, 14]), sched.new_request([21, 22, 23, 24, 25])]
+    runner.forward(sched.extend(reqs))
+    return runner, sched, reqs
+
+
+def _remap_and_step(runner, sched, reqs, token=(31, 32)):
+    """Point request 0's position 2 at request 1's slot for position 2 (a remapped req_to_token entry)."""
+    batch = sched.decode(reqs, list(token))
+    runner.req_to_token_pool.req_to_token[reqs[0].row, 2] = reqs[1].slots[2]
+    runner.forward(batch)
+
+
+def test_violations_are_read_one_step_late(dev, canary_log):
+    runner, sched, reqs = _serving(dev)
+    _remap_and_step(runner, sched, reqs)
+    step = runner.canary_manager.step
+    # The step that found it has finished; its results are still on their way.
+    assert Violation.find_all(canary_log.text) == []
+    runner.forward(sched.decode(reqs, [41, 42]))
+    found = Violation.find_all(canary_log.text)
+    assert found and {v.step for v in found} == {step}
+    assert {v.req_pool_index for v in found} == {reqs[0].row}
+    # Position 2 points at a row written for another request: token and link are off there.
+    at_two = [v for v in found if v.position == 2 and v.kernel == "pre_forward"]
+    assert at_two and all({"link", "token"} <= v.reasons for v in at_two)
+    assert {(v.group, v.half) for v in at_two} == {("full", "k"), ("full", "v")}
+
+
+def test_log_mode_lines_parse_back_and_serving_continues(dev, canary_log):
+    runner, sched, reqs = _serving(dev)
+    _remap_and_step(runner, sched, reqs)
+    flushed = runner.canary_manager.flush()
+    lines = [r.getMessage() for r in canary_log.records if "kv_canary violation:" in r.getMessage()]
+    assert len(lines) == len(flushed) > 0
+    assert [Violation.parse(line) for line in lines] == flushed
+    for line in lines:
+        for key in ("kernel=", "group=", "reason=", "slot=", "position=", "stored=", "expected="):
+            assert key in line
+    runner.forward(sched.decode(reqs, [1, 2]))  # log mode keeps serving
+
+
+def test_raise_mode_raises_once_with_every_violation(dev):
+    runner, sched, reqs = _serving(dev, kv_canary="raise")
+    _remap_and_step(runner, sched, reqs)
+    with pytest.raises(CanaryViolationError) as caught:
+        runner.forward(sched.decode(reqs, [41, 42]))
+    err = caught.value
+    assert len(err.violations) >= 4
+    assert str(err).count("kv_canary violation:") == len(err.violations)
+    assert [Violation.parse(line) for line in str(err).splitlines()[1:]] == err.violations
+
+
+def test_flush_reads_the_last_step_immediately(dev):
+    runner, sched, reqs = _serving(dev)
+    _remap_and_step(runner, sched, reqs)
+    violations = runner.canary_manager.flush()
+    assert violations and all(v.step == runner.canary_manager.step for v in violations)
+    assert runner.canary_manager.flush() == []  # each violation is returned once
+
+
+def test_flush_in_raise_mode_raises(dev):
+    runner, sched, reqs = _serving(dev, kv_canary="raise")
+    _remap_and_step(runner, sched, reqs)
+    with pytest.raises(CanaryViolationError):
+        runner.canary_manager.flush()
+
+
+def test_flipped_real_kv_byte_is_a_fingerprint_violation(dev):
+    runner, sched, reqs = _serving(dev, kv_canary_real_kv="partial")
+    batch = sched.decode(reqs, [5, 6])
+    runner.token_to_kv_pool.k_buffer[0][reqs[1].slots[1]].view(-1)[0] += 1.0  # inside the 16 fingerprinted bytes
+    runner.forward(batch)
+    found = runner.canary_manager.flush()
+    assert {(v.slot, v.position) for v in found} == {(reqs[1].slots[1], 1)}
+    assert {v.reasons for v in found} == {frozenset({"fingerprint"})}
+    assert {v.half for v in found} == {"k"}
+
+
+def test_ring_overflow_is_reported_not_lost_silently(dev, canary_log):
+    runner, sched, reqs = _serving(dev, kv_canary_ring_size=2)
+    _remap_and_step(runner, sched, reqs)
+    violations = runner.canary_manager.flush()
+    assert len(violations) == 2
+    assert "exceeded the ring (KV_CANARY_RING_SIZE=2)" in canary_log.text
+    assert runner.canary_manager.stats().violations > 2
+
+
+def test_periodic_stats_lines(dev, canary_log):
+    runner, sched, reqs = _serving(dev, kv_canary_stats_interval=2)
+    for i in range(4):
+        runner.forward(sched.decode(reqs, [i, i]))
+    runner.canary_manager.flush()
+    stats_lines = [r.getMessage() for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
+    # Steps 2 and 4 were read (one step late) at the ends of steps 3 and 5; flush read step 5.
+    assert [line.split()[2] for line in stats_lines] == ["steps=2", "steps=4"]
+    stats = runner.canary_manager.stats()
+    # 4 + 5 prompt tokens, then 4 decode steps of 2 requests, each written in K and V.
+    assert stats.tokens_protected == (9 + 8) * 2
+    assert stats.pre_runs == stats.post_runs == 5 and stats.violations == 0
+
+
+def test_violation_line_round_trip():
+    v = Violation(kernel="post_forward", group="swa", half="v", slot=7, position=3, stored=-5, expected=9,
+                  reasons=frozenset({"token", "link"}), req_pool_index=2, step=11)
+    line = "INFO prefix " + v.format()
+    assert Violation.parse(line) == v
+    assert "reason=link,token" in line
+    assert Violation.parse("unrelated") is None
+    with pytest.raises(ValueError, match="malformed"):
+        Violation.parse("kv_canary violation: kernel=pre_forward slot=x")
