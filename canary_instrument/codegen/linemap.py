@@ -50,19 +50,29 @@ def _compilation_lines(exc: BaseException, generated_files: list[str]):
             yield path, text.count("\n", 0, at) + node.lineno
 
 
+def _chain(exc: BaseException):
+    """The exception and its causes (Triton's interpreter and compiler wrap the original error)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def annotate(exc: BaseException, generated_files: list[str]) -> BaseException:
     """Add a note naming the template line behind every generated-kernel line in ``exc``."""
     notes = []
     generated = {str(Path(p).resolve()) for p in generated_files}
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if str(Path(frame.filename).resolve()) in generated:
-            where = template_location(frame.filename, frame.lineno)
+    for link in _chain(exc):
+        for frame in traceback.extract_tb(link.__traceback__):
+            if str(Path(frame.filename).resolve()) in generated:
+                where = template_location(frame.filename, frame.lineno)
+                if where:
+                    notes.append(f"{Path(frame.filename).name}:{frame.lineno} is generated from {where}")
+        for path, line in _compilation_lines(link, generated_files):
+            where = template_location(path, line)
             if where:
-                notes.append(f"{Path(frame.filename).name}:{frame.lineno} is generated from {where}")
-    for path, line in _compilation_lines(exc, generated_files):
-        where = template_location(path, line)
-        if where:
-            notes.append(f"{Path(path).name}:{line} is generated from {where}")
+                notes.append(f"{Path(path).name}:{line} is generated from {where}")
     for note in dict.fromkeys(notes):
         exc.add_note(note)
     return exc
