@@ -1,0 +1,330 @@
+"""GPU benchmarks of the canary kernels against the bars of DESIGN.md section 7.
+
+Everything is timed with triton.testing.do_bench on CUDA-graph replays (the way the runtime
+launches the passes), against a device-to-device copy measured in the same run.
+
+    PYTHONPATH=$PWD python bench/kernels/bench_kernels.py --out DIR
+
+writes DIR/results.json and DIR/scaling.png; RESULTS.md in this folder is written from them.
+
+Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B and
+expected-token entry 8 B once per position, plus per (group, half) the 32 B canary row and,
+with realkv=partial, the 16 B of layer 0's KV row the fingerprint covers. The predecessor row
+and predecessor req_to_token entry are the neighbouring lane's and are not counted (cache hits
+for contiguous pages; for scattered slots they are real extra traffic, which is the point of
+reporting scattered beside contiguous).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+from canary_instrument.runtime import hashing, reference
+from canary_instrument.runtime.state import (
+    GROUP_FULL,
+    GROUP_SWA,
+    HALF_K,
+    HALF_V,
+    CanaryGroup,
+    CanaryState,
+    PlanInputs,
+)
+from canary_instrument.runtime.triton_ops import TritonCanaryOps
+
+KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B: 32 layers x 8 KV heads x 128 dim x 2 (K, V) x 2 bytes
+LAYER0_ROW_WORDS = 8 * 128 * 2 // 8  # one layer's K (or V) row: 8 heads x 128 dim x bf16 = 2 KiB
+SCALING = [(8, 16384), (16, 16384), (32, 8192), (64, 4096), (128, 4096), (256, 2048), (512, 2048), (1024, 1024)]
+DEV = "cuda"
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+# ---------------------------------------------------------------- pools
+
+
+def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, window=1024, expected=True,
+          v_half=True, max_bs=None, seed=0):
+    """A pool whose rows for positions [0, ctx - 1) of every request are written and fingerprinted."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    slots = reqs * ctx + 1
+    order = torch.arange(1, slots, device=DEV, dtype=torch.int64)
+    if scattered:
+        order = order[torch.randperm(slots - 1, device=DEV, generator=g)]
+    r2t = order.view(reqs, ctx).to(torch.int32).contiguous()
+    halves = [HALF_K, HALF_V] if v_half and layout != "mla" else [HALF_K]
+    kinds = [GROUP_FULL, GROUP_SWA] if layout == "swa" else [GROUP_FULL]
+    groups = []
+    for kind in kinds:
+        for half in halves:
+            rows = torch.zeros((slots, 4), dtype=torch.int64, device=DEV)
+            words = None
+            if realkv != "none":
+                words = torch.randint(-(2**62), 2**62, (slots, LAYER0_ROW_WORDS), dtype=torch.int64, device=DEV,
+                                      generator=g)
+            groups.append(CanaryGroup(kind, half, rows, words))
+    tokens = torch.randint(0, 128_000, (reqs, ctx + 1), device=DEV, generator=g)
+    max_bs = max_bs or reqs
+    state = CanaryState(
+        layout=layout, realkv=realkv, groups=groups, req_to_token=r2t,
+        expected_tokens=tokens if expected else None, token_offset=0,
+        swa_mapping=torch.arange(slots, device=DEV) if layout == "swa" else None,
+        swa_window=window if layout == "swa" else 0,
+        ring=torch.zeros((1024, 8), dtype=torch.int64, device=DEV),
+        ring_count=torch.zeros(1, dtype=torch.int64, device=DEV),
+        counters=torch.zeros(4, dtype=torch.int64, device=DEV),
+        group_verified=torch.zeros(2, dtype=torch.int64, device=DEV),
+    )
+    plan = PlanInputs(
+        num_reqs=torch.tensor([reqs], dtype=torch.int32, device=DEV),
+        req_pool_indices=torch.arange(max_bs, device=DEV, dtype=torch.int64) % reqs,
+        prefix_lens=torch.zeros(max_bs, dtype=torch.int32, device=DEV),
+        extend_lens=torch.full((max_bs,), ctx - 1, dtype=torch.int32, device=DEV),
+        enabled=torch.tensor([1], dtype=torch.int32, device=DEV),
+    )
+    ops = TritonCanaryOps()
+    ops.pre_forward(state, plan, tokens[:, : ctx - 1].reshape(-1).contiguous())
+    ops.post_forward(state, plan)
+    if layout == "swa":  # evict everything before the window of the decode step
+        lo = max(0, ctx - 1 - window)
+        state.swa_mapping[r2t[:, :lo].reshape(-1).long()] = 0
+    # Decode step: verify [0, ctx - 1), write position ctx - 1.
+    plan.prefix_lens.fill_(ctx - 1)
+    plan.extend_lens.fill_(1)
+    decode_ids = tokens[:, ctx - 1].contiguous()
+    reset(state)
+    return state, plan, decode_ids
+
+
+def reset(state):
+    state.ring_count.zero_()
+    state.counters.zero_()
+    state.group_verified.zero_()
+
+
+def graph_of(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def bench_graph(fn) -> float:
+    """Milliseconds per replay of a CUDA graph holding ``fn``'s launches."""
+    graph = graph_of(fn)
+    return do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
+
+
+# ---------------------------------------------------------------- serial baseline (upstream style)
+
+
+@triton.jit
+def _serial_mix64(z):
+    z = z ^ (z >> 30)
+    z = z * 0xBF58476D1CE4E5B9
+    z = z ^ (z >> 27)
+    z = z * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def serial_chain_write(input_ids_ptr, r2t_ptr, r2t_stride, req_pool_ptr, prefix_ptr, extend_ptr, rows_ptr):
+    """One program per request walks its new tokens one by one: the upstream write."""
+    r = tl.program_id(0)
+    req_pool = tl.load(req_pool_ptr + r)
+    prefix = tl.load(prefix_ptr + r).to(tl.int64)
+    extend = tl.load(extend_ptr + r).to(tl.int64)
+    state = tl.full([], 0x243F6A8885A308D3, tl.uint64)
+    p = prefix
+    while p < prefix + extend:
+        token = tl.load(input_ids_ptr + p - prefix).to(tl.int64)
+        slot = tl.load(r2t_ptr + req_pool * r2t_stride + p).to(tl.int64)
+        tl.store(rows_ptr + slot * 4 + 0, token)
+        tl.store(rows_ptr + slot * 4 + 1, p)
+        tl.store(rows_ptr + slot * 4 + 2, state.to(tl.int64, bitcast=True))
+        tl.store(rows_ptr + slot * 4 + 3, tl.zeros([], tl.int64))
+        key = ((token & 0xFFFFFFFF) | (p << 32)).to(tl.uint64, bitcast=True)
+        a = _serial_mix64(key ^ 0x9E3779B97F4A7C15) | 1
+        b = _serial_mix64(key ^ 0xD1B54A32D192ED03)
+        state = a * state + b
+        p += 1
+
+
+# ---------------------------------------------------------------- benchmarks
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 28  # 2 GiB of int64 read + 2 GiB written
+    src = torch.empty(n, dtype=torch.int64, device=DEV).random_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    return 2 * n * 8 / (ms * 1e-3)
+
+
+def verify_bandwidth(copy_bw, results):
+    out = []
+    for realkv in ("none", "partial"):
+        for scattered in (False, True):
+            reqs, ctx = 64, 16385  # 64 x 16384 = 1,048,576 verified positions, K and V halves
+            state, plan, ids = build("mha", realkv, reqs, ctx, scattered=scattered)
+            plan.extend_lens.zero_()  # verify only
+            ops = TritonCanaryOps()
+            ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+            positions = reqs * (ctx - 1)
+            per_pos = 4 + 8 + 2 * 32 + (2 * 16 if realkv == "partial" else 0)
+            bw = positions * per_pos / (ms * 1e-3)
+            bad = int(state.ring_count[0])
+            row = dict(realkv=realkv, pages="scattered" if scattered else "contiguous", positions=positions,
+                       entries=2 * positions, bytes_per_position=per_pos, us=ms * 1e3, tb_s=bw / 1e12,
+                       fraction_of_copy=bw / copy_bw, violations=bad)
+            log("verify", row)
+            out.append(row)
+            del state, plan
+            torch.cuda.empty_cache()
+    results["verify"] = out
+
+
+def write_vs_serial(results):
+    tokens = 16384
+    state, plan, _ = build("mla", "none", 1, 2, v_half=False)
+    r2t = torch.arange(1, tokens + 1, device=DEV, dtype=torch.int32).view(1, tokens)
+    rows = torch.zeros((tokens + 1, 4), dtype=torch.int64, device=DEV)
+    state.groups[0].rows = rows
+    state.req_to_token = r2t
+    state.expected_tokens = None
+    plan.prefix_lens.zero_()
+    plan.extend_lens.fill_(tokens)
+    ids = torch.randint(0, 128_000, (tokens,), device=DEV)
+    ops = TritonCanaryOps()
+    parallel_ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+    parallel_rows = rows.clone()
+    serial_rows = torch.zeros_like(rows)
+
+    def serial():
+        serial_chain_write[(1,)](ids, r2t, r2t.stride(0), plan.req_pool_indices, plan.prefix_lens,
+                                 plan.extend_lens, serial_rows)
+
+    serial_ms = bench_graph(serial)
+    same = bool(torch.equal(serial_rows[1:], parallel_rows[1:]))
+    row = dict(tokens=tokens, parallel_us=parallel_ms * 1e3, serial_us=serial_ms * 1e3,
+               speedup=serial_ms / parallel_ms, rows_identical=same)
+    log("write", row)
+    results["write_16k"] = row
+
+
+def vs_reference(results):
+    out = []
+    for layout in ("mha", "mla", "swa"):
+        reqs, ctx = 64, 4096
+        state, plan, ids = build(layout, "partial", reqs, ctx, window=1024)
+        ops = TritonCanaryOps()
+        for name in ("pre_forward", "post_forward"):
+            if name == "pre_forward":
+                kernel = lambda: ops.pre_forward(state, plan, ids)  # noqa: E731
+                torch_ref = lambda: reference.pre_forward(state, plan, ids)  # noqa: E731
+            else:
+                kernel = lambda: ops.post_forward(state, plan)  # noqa: E731
+                torch_ref = lambda: reference.post_forward(state, plan)  # noqa: E731
+            k_ms = bench_graph(kernel)
+            r_ms = do_bench(torch_ref, warmup=3, rep=50, return_mode="median")
+            row = dict(layout=layout, realkv="partial", kernel=name, batch=f"{reqs}x{ctx}", triton_us=k_ms * 1e3,
+                       torch_us=r_ms * 1e3, speedup=r_ms / k_ms, violations=int(state.ring_count[0]))
+            log("vs_reference", row)
+            out.append(row)
+        del state, plan
+        torch.cuda.empty_cache()
+    results["vs_reference"] = out
+
+
+def scaling(copy_bw, results, realkv_modes):
+    out = []
+    for realkv in realkv_modes:
+        for reqs, ctx in SCALING:
+            state, plan, ids = build("mha", realkv, reqs, ctx)
+            ops = TritonCanaryOps()
+
+            def forward():
+                ops.pre_forward(state, plan, ids)
+                ops.post_forward(state, plan)
+
+            ms = bench_graph(forward)
+            attention_ms = reqs * ctx * KV_BYTES_PER_TOKEN / copy_bw * 1e3
+            row = dict(realkv=realkv, reqs=reqs, ctx=ctx, canary_us=ms * 1e3, attention_us=attention_ms * 1e3,
+                       percent=100 * ms / attention_ms, violations=int(state.ring_count[0]))
+            log("scaling", row)
+            out.append(row)
+            del state, plan
+            torch.cuda.empty_cache()
+    results["scaling"] = out
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for realkv in sorted({r["realkv"] for r in results["scaling"]}):
+        rows = [r for r in results["scaling"] if r["realkv"] == realkv]
+        labels = [f"{r['reqs']}x{r['ctx']}" for r in rows]
+        ax.plot(labels, [r["percent"] for r in rows], marker="o", label=f"canary pre+post, realkv={realkv}")
+    ax.axhline(0.5, color="red", linestyle="--", label="bar: 0.5 % of attention KV read")
+    ax.set_yscale("log")
+    ax.set_xlabel("decode batch (requests x context), Llama-3-8B KV (128 KiB/token)")
+    ax.set_ylabel("canary time / attention KV-read time (%)")
+    ax.set_title(f"Per-forward canary cost under CUDA-graph replay, {results['device']}")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "command": "PYTHONPATH=$PWD python " + " ".join(sys.argv)}
+    start = time.time()
+    copy_bw = copy_bandwidth()
+    results["copy_tb_s"] = copy_bw / 1e12
+    log("copy bandwidth TB/s", copy_bw / 1e12)
+    if "write" in args.only:
+        write_vs_serial(results)
+    if "verify" in args.only:
+        verify_bandwidth(copy_bw, results)
+    if "scaling" in args.only:
+        scaling(copy_bw, results, ("none", "partial"))
+    if "reference" in args.only:
+        vs_reference(results)
+    results["seconds"] = time.time() - start
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if "scaling" in results:
+        plot(results, args.out / "scaling.png")
+    log("done in", results["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()
