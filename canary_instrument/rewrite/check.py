@@ -8,7 +8,7 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite import findings as codes
 from canary_instrument.rewrite.files import SourceError
 from canary_instrument.rewrite.locate import same_code
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, candidates, load
+from canary_instrument.rewrite.tree import ParsedFile, RunResult, candidates, load, screen_round_trip
 
 
 def check_tree(paths, catalog: Catalog) -> RunResult:
@@ -16,7 +16,10 @@ def check_tree(paths, catalog: Catalog) -> RunResult:
     parsed_files: list[ParsedFile] = []
     for path in candidates(paths, catalog, result):
         try:
-            parsed_files.append(load(path, catalog))
+            parsed = load(path, catalog)
+            if parsed.analysis.sites or parsed.analysis.hooks:
+                screen_round_trip(parsed)
+            parsed_files.append(parsed)
         except SourceError as error:
             result.errors.append(error)
     result.files_analysed = len(parsed_files)

@@ -144,6 +144,23 @@ def load(path: Path, catalog: Catalog) -> ParsedFile:
     return ParsedFile(source, tree, lines, analyse(path, tree, catalog, lines))
 
 
+_FORM_FEED_INDENT = re.compile(r"^[ \t]*\x0c", re.MULTILINE)
+
+
+def screen_round_trip(parsed: ParsedFile) -> None:
+    """Raise for what libcst is known to drop (a form feed in indentation), without importing libcst.
+
+    `check` runs this on site files so that the gate fails on a file `apply` would refuse.
+    """
+    match = _FORM_FEED_INDENT.search(parsed.source.text)
+    if match is not None:
+        line = len(split_lines(parsed.source.text[: match.start()]))
+        raise SourceError(
+            parsed.path, line, match.end() - match.start(), NOT_ROUND_TRIPPABLE,
+            "libcst drops a form feed in indentation, so this file cannot be rewritten exactly; remove the form feed",
+        )
+
+
 def parse_cst(source: SourceFile):
     """The libcst module of a file, refusing a file libcst cannot reproduce byte for byte."""
     import libcst as cst  # only the transforms pay for libcst's import
