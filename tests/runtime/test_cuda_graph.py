@@ -1,0 +1,177 @@
+"""CUDA-graph capture and replay: the canary passes captured before init replay correctly on new batches."""
+
+import bisect
+import time
+
+import pytest
+import torch
+
+from canary_instrument.runtime import CanaryHealthError, mark_init_finished
+
+from .mini_engine import ForwardBatch, ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
+
+pytestmark = pytest.mark.gpu
+
+
+class GraphRunner:
+    """Decode graphs per batch size over static buffers, like sglang's CudaGraphRunner."""
+
+    def __init__(self, runner, sizes=(1, 2, 4), steps=1):
+        self.runner, self.sizes, self.steps = runner, sorted(sizes), steps
+        dev, n = runner.device, max(sizes)
+        self.buffers = {name: torch.zeros((steps, n), dtype=torch.int64, device=dev)
+                        for name in ("input_ids", "positions", "out_cache_loc")}
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        self.graphs = {}
+        manager = runner.canary_manager
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):
+            batches = [self._static(bs, i) for i in range(steps)]
+
+            def run_once():
+                for i, b in enumerate(batches):
+                    # The capture site: only the active sub-forward, no plan (init has not finished).
+                    with manager.with_active_single_forward_manager(i):
+                        runner.model.forward(b.input_ids, b.positions, b)
+
+            for _ in range(2):
+                torch.cuda.synchronize()
+                run_once()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                run_once()
+            self.graphs[bs] = graph
+
+    def _static(self, bs, i):
+        return ForwardBatch(ForwardMode.DECODE, bs, self.req_pool_indices[:bs], self.seq_lens[:bs],
+                            self.buffers["input_ids"][i, :bs], self.buffers["positions"][i, :bs],
+                            self.buffers["out_cache_loc"][i, :bs])
+
+    def replay(self, per_step):
+        raw = per_step[0].batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, raw)]
+        for buf in self.buffers.values():
+            buf.zero_()  # padding requests write slot 0, the padding slot
+        self.req_pool_indices.zero_()
+        self.seq_lens.fill_(1)
+        self.req_pool_indices[:raw].copy_(per_step[0].req_pool_indices)
+        self.seq_lens[:raw].copy_(per_step[0].seq_lens)
+        for i, b in enumerate(per_step):
+            for name in self.buffers:
+                self.buffers[name][i, :raw].copy_(getattr(b, name))
+        self.graphs[bs].replay()
+
+
+def _target(layout="mha"):
+    runner = MiniRunner(server_args(), layout=layout, device="cuda", max_reqs=8)
+    graphs = GraphRunner(runner)
+    mark_init_finished(runner.canary_manager)
+    return runner, Scheduler(runner), graphs
+
+
+def _replay_decode(runner, graphs, batch):
+    with runner.canary_ctx(batch, outside=[0], active=0):  # the forward site's wiring
+        graphs.replay([batch])
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
+def test_replay_with_changing_batches_is_clean_and_counted(layout):
+    runner, sched, graphs = _target(layout)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5, 6, 7, 8]), sched.new_request([9])]
+    runner.forward(sched.extend(reqs))
+    schedule = [reqs[:2], reqs, reqs[1:2], reqs, reqs[::2]]  # batch sizes 2, 3 (padded to 4), 1, 3, 2
+    for i, live in enumerate(schedule):
+        _replay_decode(runner, graphs, sched.decode(live, [100 + i] * len(live)))
+    manager = runner.canary_manager
+    assert manager.flush() == []
+    stats = manager.stats()
+    assert stats.pre_runs == stats.post_runs == 1 + len(schedule)
+    assert stats.tokens_protected == len(manager.state.groups) * (9 + sum(len(b) for b in schedule))
+    # The replayed passes wrote real rows at the decoded positions.
+    rows = manager.state.groups[0].rows
+    assert rows[reqs[1].slots[-1], :2].tolist() == [104, len(reqs[1].slots) - 1]
+
+
+@pytest.mark.parametrize("fault", ["remap", "kv_byte"])
+def test_replay_catches_faults(fault):
+    runner, sched, graphs = _target()
+    reqs = [sched.new_request([1, 2, 3, 4]), sched.new_request([5, 6, 7, 8])]
+    runner.forward(sched.extend(reqs))
+    _replay_decode(runner, graphs, sched.decode(reqs, [10, 11]))
+    batch = sched.decode(reqs, [12, 13])
+    if fault == "remap":
+        runner.req_to_token_pool.req_to_token[reqs[0].row, 1] = reqs[1].slots[1]
+    else:
+        runner.token_to_kv_pool.k_buffer[0][reqs[1].slots[2]].view(-1)[1] += 1.0
+    _replay_decode(runner, graphs, batch)
+    found = runner.canary_manager.flush()
+    assert found and {v.step for v in found} == {3}
+    if fault == "remap":
+        assert all(v.req_pool_index == reqs[0].row for v in found)
+        assert any({"link", "token"} <= v.reasons and v.position == 1 for v in found)
+    else:
+        assert {(v.position, v.half) for v in found} == {(2, "k")}
+        assert {v.reasons for v in found} == {frozenset({"fingerprint"})}
+
+
+def test_graph_captured_without_the_canary_fails_the_health_check():
+    runner = MiniRunner(server_args(), device="cuda", max_reqs=8)
+    sched = Scheduler(runner)
+    manager = runner.canary_manager
+    # A capture site that lost its wiring: the graph holds the model only.
+    model_only = runner.model.forward.__wrapped_original__
+    static = sched.extend([sched.new_request([1, 2])])
+    model_only(static.input_ids, static.positions, static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model_only(static.input_ids, static.positions, static)
+    mark_init_finished(manager)
+    with pytest.raises(CanaryHealthError):
+        for _ in range(3):
+            with runner.canary_ctx(static, outside=[0], active=0):
+                graph.replay()
+
+
+def test_multi_step_draft_graph_replays_each_sub_forward():
+    args = server_args(speculative_num_steps=3)
+    runner = MiniRunner(args, device="cuda", max_reqs=8, is_draft_worker=True)
+    graphs = GraphRunner(runner, steps=2)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    sched = Scheduler(runner)
+    target = [[3, 1, 4, 1, 5], [2, 7, 1, 8]]
+    reqs = [sched.new_request(t[1:]) for t in target]
+    extend = sched.extend(reqs)
+    extend.canary_token_ids = target
+    with manager.with_ops_outside_graph([0], extend), manager.with_active_single_forward_manager(0):
+        runner.model.forward(extend.input_ids, extend.positions, extend)
+    for round_ in range(3):
+        outer, steps = draft_step_batches(sched, reqs, 2, guesses=[[50 + round_, 60 + round_]] * 2,
+                                          token_ids=target)
+        with manager.with_ops_outside_graph(range(2), outer):
+            graphs.replay(steps)
+        for r in reqs:  # drafts rejected: free the two speculative slots
+            sched.free_slots += r.slots[-2:]
+            r.slots = r.slots[:-2]
+    assert manager.flush() == []
+    assert manager.stats().pre_runs == 1 + 3 * 2
+
+
+def test_a_step_never_waits_for_the_main_stream():
+    runner, sched, graphs = _target()
+    manager = runner.canary_manager
+    reqs = [sched.new_request([1, 2, 3])]
+    runner.forward(sched.extend(reqs))
+    batch = sched.decode(reqs, [7])
+    torch.cuda.synchronize()
+    # Queue ~0.1 s of GPU work ahead of the step: a host wait on the main stream would show.
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    _replay_decode(runner, graphs, batch)
+    host_seconds = time.perf_counter() - t0
+    still_busy = not torch.cuda.current_stream().query()
+    assert still_busy, "the GPU finished before the host did: the test measured nothing"
+    # The step read the previous step's snapshot, which was ready before the queued work.
+    assert host_seconds < 0.05
+    assert manager.flush() == []
