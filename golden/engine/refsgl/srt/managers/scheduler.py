@@ -10,6 +10,7 @@ run an extend batch (with the running requests riding along as one-token extends
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,6 +26,22 @@ from refsgl.srt.server_args import ServerArgs
 
 class OutOfKVSlots(RuntimeError):
     pass
+
+
+@dataclass
+class SchedulerStats:
+    """Cumulative counts of the events that exercise the KV cache (tests and the demo read them)."""
+
+    prefill_batches: int = 0
+    chunked_prefills: int = 0  # extend steps that left a request's prompt unfinished
+    mixed_batches: int = 0
+    decode_batches: int = 0
+    prefix_hit_tokens: int = 0
+    evicted_tokens: int = 0  # prefix-cache slots freed under memory pressure
+    swa_released_tokens: int = 0  # SWA window holds dropped as positions left the window
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
+    finished_requests: int = 0
 
 
 class Scheduler:
@@ -50,6 +67,7 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None
         self.finished: list[Req] = []
         self.forward_ct = 0
+        self.stats = SchedulerStats()
         self._rids = itertools.count()
 
     # ------------------------------------------------------------------ requests
@@ -80,7 +98,7 @@ class Scheduler:
     def alloc_token_slots(self, num_tokens: int) -> torch.Tensor:
         slots = self.allocator.alloc(num_tokens)
         if slots is None:
-            self.tree_cache.evict(num_tokens - self.allocator.available_size())
+            self.stats.evicted_tokens += self.tree_cache.evict(num_tokens - self.allocator.available_size())
             slots = self.allocator.alloc(num_tokens)
         if slots is None:
             raise OutOfKVSlots(f"need {num_tokens} KV slots, {self.allocator.available_size()} free after eviction")
@@ -128,9 +146,12 @@ class Scheduler:
         if not reqs:
             return None
 
+        self.stats.prefill_batches += 1
+        self.stats.chunked_prefills += self.chunked_req is not None
         mode = ForwardMode.EXTEND
         if self.server_args.enable_mixed_chunk and self.running:
             mode = ForwardMode.MIXED
+            self.stats.mixed_batches += 1
             for req in self.running:
                 req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
             reqs = reqs + self.running
@@ -145,6 +166,7 @@ class Scheduler:
         req.req_pool_idx = self.req_to_token_pool.alloc(1)[0]
         req.last_node = last_node
         req.cached_len = len(prefix_slots)
+        self.stats.prefix_hit_tokens += len(prefix_slots)
         if prefix_slots:
             slots = torch.tensor(prefix_slots, dtype=torch.int64, device=self.device)
             self._write_slots(req, 0, slots)
@@ -169,6 +191,7 @@ class Scheduler:
         for req, req_slots in zip(reqs, slots):
             self._write_slots(req, req.cached_len, req_slots)
             req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
+        self.stats.decode_batches += 1
         return ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots.reshape(-1))
 
     # ------------------------------------------------------------------ running a step
@@ -196,6 +219,8 @@ class Scheduler:
                 # Verify wrote positions n .. n + num_draft - 1; keep the accepted ones.
                 keep = len(tokens)
                 start = req.cached_len
+                self.stats.proposed_drafts += self.num_draft_tokens - 1
+                self.stats.accepted_drafts += keep - 1
                 self.allocator.free(self._slots_of(req, start + keep, start + self.num_draft_tokens))
                 req.cached_len += keep
             else:
@@ -214,6 +239,7 @@ class Scheduler:
         new_start = max(0, req.cached_len - self.sliding_window)
         if new_start > req.swa_evicted_seqlen:
             self.allocator.free_swa(self._slots_of(req, req.swa_evicted_seqlen, new_start))
+            self.stats.swa_released_tokens += new_start - req.swa_evicted_seqlen
             req.swa_evicted_seqlen = new_start
 
     def _finish(self, req: Req):
@@ -229,3 +255,21 @@ class Scheduler:
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.finished.append(req)
+        self.stats.finished_requests += 1
+
+    # ------------------------------------------------------------------ maintenance
+
+    def abort_all_requests(self):
+        """Drop every request; their KV slots are reclaimed by the `flush_cache` that must follow."""
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            self.req_to_token_pool.free(req.req_pool_idx)
+            req.finished = True
+        self.waiting, self.running, self.chunked_req = [], [], None
+
+    def flush_cache(self):
+        """Reset the prefix cache and every slot allocator (sglang's flush_cache); only when idle."""
+        if not self.is_idle():
+            raise RuntimeError("flush_cache: requests are still waiting or running; abort or finish them first")
+        self.tree_cache.reset()
+        self.allocator.reset()
+        self.req_to_token_pool.reset()

@@ -13,7 +13,10 @@ class TokenToKVPoolAllocator:
     def __init__(self, size: int, device: str):
         self.size = size
         self.device = device
-        self.free_pages = torch.arange(1, size + 1, dtype=torch.int64, device=device)
+        self.reset()
+
+    def reset(self):
+        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
 
     def available_size(self) -> int:
         return len(self.free_pages)
@@ -45,6 +48,12 @@ class SWATokenToKVPoolAllocator:
         self.swa_attn_allocator = TokenToKVPoolAllocator(kvcache.size_swa, kvcache.device)
         self.full_to_swa_index_mapping = kvcache.full_to_swa_index_mapping
         self.swa_refs = torch.zeros((kvcache.size + 1,), dtype=torch.int32, device=kvcache.device)
+
+    def reset(self):
+        self.full_attn_allocator.reset()
+        self.swa_attn_allocator.reset()
+        self.full_to_swa_index_mapping.zero_()
+        self.swa_refs.zero_()
 
     def available_size(self) -> int:
         return min(self.full_attn_allocator.available_size(), self.swa_attn_allocator.available_size())

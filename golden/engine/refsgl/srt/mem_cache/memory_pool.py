@@ -17,7 +17,10 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.device = device
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
-        self.free_slots = list(range(size))
+        self.reset()
+
+    def reset(self):
+        self.free_slots = list(range(self.size))
 
     def write(self, indices, values):
         self.req_to_token[indices] = values

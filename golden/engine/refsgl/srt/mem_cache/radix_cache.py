@@ -36,6 +36,10 @@ class RadixCache:
         self.bigram_keys = bigram_keys
         self.swa_window = swa_window
         self.disable = disable
+        self.reset()
+
+    def reset(self):
+        """Forget every node (the caller resets the allocator that owned their slots)."""
         self.root = TreeNode(None, 0, None)
         self.root.lock_ref = 1
         self.num_nodes = 0

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 @dataclass
 class ForwardMetadata:
     tokens_per_req: Optional[int]  # dense path when set
+    kv_len: int = 0  # dense path: key columns read per request (the whole row in a CUDA graph)
     extend_prefix_lens: Optional[list[int]] = None  # ragged path
     extend_seq_lens: Optional[list[int]] = None
 
@@ -31,7 +32,9 @@ class TorchNativeAttnBackend:
         if tokens_per_req is None:
             tokens_per_req = 1 if forward_batch.forward_mode.is_decode() else forward_batch.num_tokens_per_req
         if tokens_per_req is not None:
-            self.forward_metadata = ForwardMetadata(tokens_per_req=tokens_per_req)
+            # Eager: read only up to the furthest position (one host read per forward, not per layer).
+            kv_len = int(forward_batch.positions.max()) + 1 if forward_batch.positions.numel() else 1
+            self.forward_metadata = ForwardMetadata(tokens_per_req=tokens_per_req, kv_len=kv_len)
         else:
             self.forward_metadata = ForwardMetadata(
                 tokens_per_req=None,
@@ -40,7 +43,7 @@ class TorchNativeAttnBackend:
             )
 
     def init_forward_metadata_capture_cuda_graph(self, forward_batch, tokens_per_req: int):
-        self.forward_metadata = ForwardMetadata(tokens_per_req=tokens_per_req)
+        self.forward_metadata = ForwardMetadata(tokens_per_req=tokens_per_req, kv_len=self.max_context_len)
 
     def forward(self, q: torch.Tensor, layer, forward_batch) -> torch.Tensor:
         """q: [num_tokens, heads, qk_dim] -> [num_tokens, heads, v_dim]; the layer already wrote its KV."""
@@ -48,15 +51,15 @@ class TorchNativeAttnBackend:
         if meta is None:
             raise RuntimeError("attention metadata missing: call init_forward_metadata before the model forward")
         if meta.tokens_per_req is not None:
-            return self._forward_dense(q, layer, forward_batch, meta.tokens_per_req)
+            return self._forward_dense(q, layer, forward_batch, meta.tokens_per_req, meta.kv_len)
         return self._forward_ragged(q, layer, forward_batch, meta)
 
-    def _forward_dense(self, q, layer, forward_batch, tokens_per_req: int):
+    def _forward_dense(self, q, layer, forward_batch, tokens_per_req: int, kv_len: int):
         bs = forward_batch.req_pool_indices.shape[0]
-        slots = self.req_to_token[forward_batch.req_pool_indices].long()  # [bs, max_context]
+        slots = self.req_to_token[forward_batch.req_pool_indices, :kv_len].long()  # [bs, kv_len]
         k, v = layer.load_kv(forward_batch.token_to_kv_pool, slots)
         q_pos = forward_batch.positions.view(bs, tokens_per_req)
-        kv_pos = torch.arange(self.max_context_len, device=q.device)
+        kv_pos = torch.arange(kv_len, device=q.device)
         mask = self._mask(q_pos, kv_pos, layer.sliding_window)  # [bs, T, L]
         out = self._sdpa(q.view(bs, tokens_per_req, *q.shape[1:]), k, v, mask)
         return out.reshape(q.shape[0], *out.shape[2:])
