@@ -1,0 +1,117 @@
+"""Decode CUDA graphs (newer layout): capture the model's decode forward once per batch size, replay it with new inputs.
+
+Inputs live in static buffers; replay copies the batch into them (padding the rest
+with slot 0 / request row 0) so every replay reads and writes the same addresses.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from refsgl.srt.layers.logits_processor import LogitsProcessorOutput
+from refsgl.srt.model_executor.cuda_graph_runner import (
+    get_batch_sizes_to_capture,
+    get_global_graph_memory_pool,
+    set_global_graph_memory_pool,
+)
+from refsgl.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from refsgl.srt.model_executor.model_runner import ModelRunner
+
+
+class DecodeCudaGraphRunner:
+    """Captures and replays decode forward passes of the target model runner."""
+
+    def __init__(self, model_runner: "ModelRunner"):
+        self.model_runner = model_runner
+        self.device = model_runner.device
+        self.device_module = torch.get_device_module(self.device)
+        self.capture_bs = get_batch_sizes_to_capture(model_runner.server_args.cuda_graph_max_bs)
+        self.max_bs = self.capture_bs[-1]
+        self.stream = self.device_module.Stream()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, LogitsProcessorOutput] = {}
+
+        with torch.device(self.device):
+            self.input_ids = torch.zeros((self.max_bs,), dtype=torch.int64)
+            self.req_pool_indices = torch.zeros((self.max_bs,), dtype=torch.int64)
+            self.seq_lens = torch.ones((self.max_bs,), dtype=torch.int64)
+            self.positions = torch.zeros((self.max_bs,), dtype=torch.int64)
+            self.out_cache_loc = torch.zeros((self.max_bs,), dtype=torch.int64)
+        self.capture()
+
+    def can_run(self, forward_batch: ForwardBatch) -> bool:
+        return forward_batch.forward_mode.is_decode() and 0 < forward_batch.batch_size <= self.max_bs
+
+    def capture(self):
+        with torch.no_grad():
+            for bs in reversed(self.capture_bs):
+                graph, out = self.capture_one_shape(bs, self.model_runner.model.forward)
+                self.graphs[bs] = graph
+                self.outputs[bs] = out
+
+    def _static_forward_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.input_ids[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool=self.model_runner.token_to_kv_pool,
+            attn_backend=self.model_runner.attn_backend,
+        )
+
+    def capture_one_shape(self, bs: int, forward: Callable):
+        graph = torch.cuda.CUDAGraph()
+        stream = self.stream
+        forward_batch = self._static_forward_batch(bs)
+        attn_backend = self.model_runner.attn_backend
+        attn_backend.init_forward_metadata_capture_cuda_graph(forward_batch, tokens_per_req=1)
+
+        def run_once():
+            return forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+        for _ in range(2):
+            self.device_module.synchronize()
+            self.model_runner.tp_group.barrier()
+            run_once()
+
+        if get_global_graph_memory_pool() is None:
+            set_global_graph_memory_pool(self.device_module.graph_pool_handle())
+        pool = get_global_graph_memory_pool()
+        out = self._capture_graph(graph, pool, stream, run_once)
+        return graph, out
+
+    def _capture_graph(self, graph, pool, stream, run_once):
+        with self.device_module.graph(graph, pool=pool, stream=stream):
+            out = run_once()
+        return out
+
+    def replay(self, forward_batch: ForwardBatch, skip_attn_backend_init: bool = False) -> LogitsProcessorOutput:
+        raw_bs = forward_batch.batch_size
+        bs = self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
+        if bs != raw_bs:
+            # Padded rows attend to slot 0 only and write slot 0, the pool's padding slot.
+            self.input_ids.zero_()
+            self.req_pool_indices.zero_()
+            self.seq_lens.fill_(1)
+            self.positions.zero_()
+            self.out_cache_loc.zero_()
+        self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
+        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
+        self.positions[:raw_bs].copy_(forward_batch.positions)
+        self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+        self.graphs[bs].replay()
+        out = self.outputs[bs]
+        return LogitsProcessorOutput(
+            next_token_logits=out.next_token_logits[:raw_bs],
+            hidden_states=out.hidden_states[:raw_bs],
+        )
