@@ -1,0 +1,39 @@
+"""The runtime drives both kernel backends the same way: identical findings on every layout."""
+
+import pytest
+
+from canary_instrument.runtime import mark_init_finished
+
+from .mini_engine import MiniRunner, Scheduler, server_args
+
+
+def _findings(layout, backend, dev):
+    runner = MiniRunner(server_args(kv_canary_backend=backend), layout=layout, device=dev)
+    sched = Scheduler(runner)
+    mark_init_finished(runner.canary_manager)
+    reqs = [sched.new_request([1, 2, 3, 4, 5]), sched.new_request([6, 7, 8])]
+    runner.forward(sched.extend(reqs))
+    for i in range(3):
+        runner.forward(sched.decode(reqs, [10 + i, 20 + i]))
+    clean = runner.canary_manager.flush()
+    batch = sched.decode(reqs, [30, 31])
+    runner.req_to_token_pool.req_to_token[reqs[0].row, 6] = reqs[1].slots[4]  # remapped, same position
+    pool = runner.token_to_kv_pool
+    layer0 = pool.kv_buffer[0] if layout == "mla" else (pool.full_kv_pool if layout == "swa" else pool).k_buffer[0]
+    layer0[reqs[1].slots[1]].view(-1)[0] += 1.0  # flipped real-KV bytes
+    runner.forward(batch)
+    runner.forward(sched.decode(reqs, [32, 33]))
+    return clean, runner.canary_manager.flush(), runner.canary_manager.stats()
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
+def test_triton_and_torch_backends_agree(layout, dev, monkeypatch):
+    monkeypatch.delenv("KV_CANARY_BACKEND", raising=False)
+    clean_t, found_t, stats_t = _findings(layout, "torch", dev)
+    clean_k, found_k, stats_k = _findings(layout, "triton", dev)
+    assert clean_t == clean_k == []
+    assert sorted(map(repr, found_k)) == sorted(map(repr, found_t))
+    assert stats_k == stats_t
+    reasons = set().union(*(v.reasons for v in found_t))
+    assert {"fingerprint", "token"} <= reasons
+    assert {v.position for v in found_t if "fingerprint" in v.reasons} == {1}
