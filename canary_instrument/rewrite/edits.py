@@ -175,10 +175,34 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         context = CodemodContext()
         for module_name, name in plan.add_imports:
             AddImportsVisitor.add_needed_import(context, module_name, name)
-        edited = AddImportsVisitor(context).transform_module(edited)
+        before = edited
+        edited = _keep_spacing(before, AddImportsVisitor(context).transform_module(edited))
     if plan.remove_imports:
         context = CodemodContext()
         for module_name, name in plan.remove_imports:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name)
         edited = RemoveImportsVisitor(context).transform_module(edited)
     return edited
+
+
+def _keep_spacing(before: cst.Module, after: cst.Module) -> cst.Module:
+    """Undo the blank line AddImportsVisitor puts before the first statement after the imports.
+
+    The file keeps its own spacing, and revert (which removes the import) gives back the
+    input byte for byte.
+    """
+    inserted = len(after.body) - len(before.body)
+    body = list(after.body)
+    old = 0
+    for new in range(len(body)):
+        if old >= len(before.body):
+            break
+        original = before.body[old]
+        if body[new].deep_equals(original):
+            old += 1
+        elif body[new].with_changes(leading_lines=original.leading_lines).deep_equals(original):
+            body[new] = original
+            old += 1
+        elif new - old >= inserted:  # an existing import that gained names
+            old += 1
+    return after.with_changes(body=body)
