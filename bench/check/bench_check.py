@@ -32,6 +32,8 @@ PATTERN = "contextlib.nullcontext()"
 
 def env_with_repo() -> dict[str, str]:
     env = dict(os.environ)
+    # An installed tool runs from compiled bytecode; let the source checkout get its .pyc too.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
 
@@ -224,6 +226,12 @@ def bench_pre_commit(work: Path, repeat: int, source_kind: str) -> dict:
     bare = [*tool_command(), "check", "."]
     result["bare"] = series(lambda: timed_run(bare, cwd=repo, env=env, ok=(0,))[0], repeat)
     result["bare_command"] = " ".join(bare)
+    # The very command pre-commit runs: the console script in the hook's own virtualenv.
+    hook_scripts = sorted(Path(env["PRE_COMMIT_HOME"]).glob("repo*/py_env-*/bin/canary-instrument"))
+    if hook_scripts:
+        hook_argv = [str(hook_scripts[0]), "check", "."]
+        hook_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        result["hook"] = series(lambda: timed_run(hook_argv, cwd=repo, env=hook_env, ok=(0,))[0], repeat)
     noop = work / "noop-repo"
     noop.mkdir()
     (noop / "a.py").write_text("x = 1\n")
@@ -268,6 +276,7 @@ def machine() -> dict:
                 model = line.split(":", 1)[1].strip()
                 break
     return {
+        "load": os.getloadavg(),
         "nproc": os.cpu_count() if not hasattr(os, "sched_getaffinity") else len(os.sched_getaffinity(0)),
         "cpu": model,
         "python": platform.python_version(),
@@ -293,7 +302,10 @@ def report(results: dict, argv: list[str]) -> str:
         "```",
         "",
         f"- machine: {m['nproc']} cores, {m['cpu']}, {m['platform']}",
-        f"- Python {m['python']}, {m['date']}",
+        f"- Python {m['python']}, {m['date']}; load average (1/5/15 min) before: "
+        f"{'/'.join(f'{x:.2f}' for x in m['load'])}, after: "
+        f"{'/'.join(f'{x:.2f}' for x in results['load_after'])} (the machine is shared; medians "
+        "are noisier than bests)",
         f"- tree: a copy of `{c['source']}` without `site-packages` and `__pycache__`: "
         f"{c['py_files']} `.py` files, {c['py_bytes']:,} bytes of Python ({c['all_files']} files in all); "
         f"the tool's walk visits {c['walked_files']} of them (it skips `venv/`-named folders, "
@@ -340,6 +352,8 @@ def report(results: dict, argv: list[str]) -> str:
             "|---|---|---|---|",
             f"| `{pc['command']}` (hook source: {pc['source_kind']}) | {fmt(pc['pre_commit'])} |",
             f"| bare hook command `{pc['bare_command']}` | {fmt(pc['bare'])} |",
+            *([f"| the hook's console script in pre-commit's virtualenv, `canary-instrument check .` "
+               f"| {fmt(pc['hook'])} |"] if "hook" in pc else []),
             f"| pre-commit's own floor: a no-op `true` system hook | {fmt(pc['pre_commit_floor'])} |",
             "",
             f"- first `pre-commit run` (builds the hook environment): {pc['install_s']:.1f} s",
@@ -388,6 +402,7 @@ def main() -> None:
                 continue
             results[key] = step()
             print(key, results[key], flush=True)
+    results["load_after"] = os.getloadavg()
     text = report(results, [Path(sys.executable).name, *sys.argv])
     print(text)
     if args.out:
