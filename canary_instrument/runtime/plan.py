@@ -99,18 +99,14 @@ class PlanBuffers:
 
     def upload(self) -> None:
         """Send the control words to the device (pinned + non_blocking on CUDA; no host sync)."""
-        self.control.copy_(_to_pinned(self._mirror), non_blocking=True)
-
-    def enabled_on_host(self, index: int) -> bool:
-        return bool(self._mirror[index, 1])
+        if self.device.type == "cuda":
+            self.control.copy_(_to_pinned(self._mirror), non_blocking=True)
+        else:
+            self.control.copy_(self._mirror)
 
 
 def _to_pinned(host_tensor: Any) -> Any:
     """A pinned copy: torch's caching host allocator keeps it alive until the async copy is done."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return host_tensor  # CPU copies are synchronous
     return host_tensor.pin_memory()
 
 

@@ -1,5 +1,7 @@
 """The runtime drives both kernel backends the same way: identical findings on every layout."""
 
+import os
+
 import pytest
 
 from canary_instrument.runtime import mark_init_finished
@@ -28,6 +30,8 @@ def _findings(layout, backend, dev):
 
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
 def test_triton_and_torch_backends_agree(layout, dev, monkeypatch):
+    if dev == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton runs CPU tensors only through its interpreter, which is off where CUDA is visible")
     monkeypatch.delenv("KV_CANARY_BACKEND", raising=False)
     clean_t, found_t, stats_t = _findings(layout, "torch", dev)
     clean_k, found_k, stats_k = _findings(layout, "triton", dev)
