@@ -32,7 +32,7 @@ def tree_findings(parsed_files: list[ParsedFile], catalog: Catalog):
     """Findings for a whole tree: wiring is all-or-nothing across files, so the rules look at every file."""
     sites = [(p, m) for p in parsed_files for m in p.analysis.sites]
     hooks = [(p, h) for p in parsed_files for h in p.analysis.hooks]
-    wired = any(m.state == "wired" for _, m in sites) or any(h.present for _, h in hooks)
+    wired = any(m.state == "wired" for _, m in sites)
 
     located_roles = {m.site.role for _, m in sites} | {h.hook.role for _, h in hooks}
     reported_roles = set()
