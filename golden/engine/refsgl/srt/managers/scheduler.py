@@ -215,6 +215,8 @@ class Scheduler:
 
     def _process_result(self, batch: ScheduleBatch, new_tokens: list[list[int]], verify_output):
         for req, tokens in zip(batch.reqs, new_tokens):
+            # A verify can accept past max_new_tokens; drop the surplus (and, below, its KV).
+            tokens = tokens[: req.max_new_tokens - len(req.output_ids)]
             if verify_output is not None:
                 # Verify wrote positions n .. n + num_draft - 1; keep the accepted ones.
                 keep = len(tokens)
