@@ -39,8 +39,10 @@ def forward_kind(forward_batch: Any) -> str:
 
 
 def draft_token_count(forward_batch: Any) -> int:
-    spec = getattr(forward_batch, "spec_info", None)
-    count = getattr(spec, "draft_token_num", None)
+    """Draft tokens per request of a target-verify batch: declared by the batch, else tokens / requests."""
+    count = getattr(forward_batch, "num_tokens_per_req", None)
+    if count is None:
+        count = getattr(getattr(forward_batch, "spec_info", None), "draft_token_num", None)
     if count is None:
         count = int(forward_batch.input_ids.shape[0]) // int(forward_batch.batch_size)
     return int(count)

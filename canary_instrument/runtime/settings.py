@@ -25,7 +25,8 @@ class CanarySettings:
     token_check: bool = True  # [kv_canary_token_check / KV_CANARY_TOKEN_CHECK] expected-token table on/off
     stats_interval: int = 0  # [kv_canary_stats_interval / KV_CANARY_STATS_INTERVAL] steps between stats lines, 0 = off
     ring_size: int = 1024  # [kv_canary_ring_size / KV_CANARY_RING_SIZE] violation records kept on device
-    swa_divergence_interval: int = 0  # [- / KV_CANARY_SWA_DIVERGENCE_INTERVAL] steps between SWA lines, 0 = off
+    # [kv_canary_swa_divergence_interval / KV_CANARY_SWA_DIVERGENCE_INTERVAL] steps between SWA lines, 0 = off
+    swa_divergence_interval: int = 0
     # [kv_canary_backend / -] auto | triton | torch; ops.py's KV_CANARY_BACKEND variable overrides it.
     backend: str = "auto"
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
@@ -84,7 +85,11 @@ _SOURCES: dict[str, tuple[Optional[str], Optional[str], Callable[[str, Any], Any
     "token_check": ("kv_canary_token_check", "KV_CANARY_TOKEN_CHECK", _flag),
     "stats_interval": ("kv_canary_stats_interval", "KV_CANARY_STATS_INTERVAL", _non_negative_int),
     "ring_size": ("kv_canary_ring_size", "KV_CANARY_RING_SIZE", _positive_int),
-    "swa_divergence_interval": (None, "KV_CANARY_SWA_DIVERGENCE_INTERVAL", _non_negative_int),
+    "swa_divergence_interval": (
+        "kv_canary_swa_divergence_interval",
+        "KV_CANARY_SWA_DIVERGENCE_INTERVAL",
+        _non_negative_int,
+    ),
     "backend": ("kv_canary_backend", None, _choice(BACKENDS)),
     "dist_interval": ("kv_canary_dist_interval", "KV_CANARY_DIST_INTERVAL", _positive_int),
     "token_window": (None, "KV_CANARY_TOKEN_WINDOW", _non_negative_int),

@@ -22,6 +22,12 @@ def test_server_args_win_over_environment():
     assert settings.ring_size == 64
 
 
+def test_swa_divergence_interval_from_server_args():
+    assert load_settings(server_args(kv_canary_swa_divergence_interval=7), {}).swa_divergence_interval == 7
+    with pytest.raises(ValueError, match="server_args.kv_canary_swa_divergence_interval"):
+        load_settings(server_args(kv_canary_swa_divergence_interval=-3), {})
+
+
 def test_environment_only_knobs():
     env = {"KV_CANARY": "LOG", "KV_CANARY_SWA_DIVERGENCE_INTERVAL": "20", "KV_CANARY_TOKEN_CHECK": "off"}
     settings = load_settings(None, env)
