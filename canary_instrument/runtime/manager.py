@@ -67,6 +67,12 @@ class _Tag:
     swa_due: bool
 
 
+def _may_bring_new_requests(forward_batch: Any, kind: str) -> bool:
+    """Extend batches may put a request into a req-pool row (send whole rows), except the
+    fixed-length draft-extend after a verify, whose requests all decoded before."""
+    return kind == EXTEND and getattr(forward_batch, "num_tokens_per_req", None) is None
+
+
 class SingleForwardManager:
     """One sub-forward (one model forward of a multi-step draft): its plan and phase."""
 
@@ -232,6 +238,11 @@ class CanaryManager:
             raise CanaryWiringError("kv canary: flush() called inside with_ops_outside_graph()")
         self._drain(final=True)
         out, self._unflushed = self._unflushed, []
+        if self._unflushed_dropped:
+            logger.warning(
+                "kv_canary flush: %d more violations were logged but not kept for flush() (limit %d)",
+                self._unflushed_dropped, _MAX_KEPT_VIOLATIONS,
+            )
         self._unflushed_dropped = 0
         self._raise_pending(local=True)
         return out
@@ -270,7 +281,7 @@ class CanaryManager:
                 if self._plans.fill(sfm.index, forward_batch, kind) > 0:
                     planned.append(sfm)
             if self._tokens is not None and kind != IDLE:
-                self._tokens.update(forward_batch, full_rows=(kind == EXTEND))
+                self._tokens.update(forward_batch, full_rows=_may_bring_new_requests(forward_batch, kind))
         except BaseException:
             for sfm in sfms:
                 self._plans.disable(sfm.index)
