@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import dedent
+from rewrite_trees import dedent
 
 MR = "pkg/srt/model_executor/model_runner.py"
 CG = "pkg/srt/model_executor/cuda_graph_runner.py"
