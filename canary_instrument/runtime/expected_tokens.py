@@ -46,25 +46,27 @@ class ExpectedTokenTable:
         return int(cells.shape[1])
 
     def _cells(self, token_ids: Sequence[Sequence[int]], full_rows: bool) -> np.ndarray:
+        """int64 [3, cells]: batch row, column, token (-1 past each request's end)."""
         width = self.table.shape[1]
         pad = self.window + 1
-        batch_rows, cols, values = [], [], []
-        for b, tokens in enumerate(token_ids):
-            n = len(tokens)
-            if n > width:
-                raise ValueError(
-                    f"kv canary: canary_token_ids[{b}] has {n} tokens; the table holds {width} positions"
-                )
-            start = 0 if full_rows else max(0, n - self.window)
-            stop = min(width, n + pad)
-            row = np.full(stop - start, -1, dtype=np.int64)
-            row[: n - start] = np.asarray(tokens[start:n], dtype=np.int64)
-            batch_rows.append(np.full(stop - start, b, dtype=np.int64))
-            cols.append(np.arange(start, stop, dtype=np.int64))
-            values.append(row)
-        if not values:
-            return np.zeros((3, 0), dtype=np.int64)
-        return np.stack([np.concatenate(batch_rows), np.concatenate(cols), np.concatenate(values)])
+        lens = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
+        too_long = np.flatnonzero(lens > width)
+        if too_long.size:
+            b = int(too_long[0])
+            raise ValueError(
+                f"kv canary: canary_token_ids[{b}] has {int(lens[b])} tokens; the table holds {width} positions"
+            )
+        starts = np.zeros_like(lens) if full_rows else np.maximum(lens - self.window, 0)
+        stops = np.minimum(lens + pad, width)
+        values: list[int] = []
+        for tokens, start, n, stop in zip(token_ids, starts.tolist(), lens.tolist(), stops.tolist()):
+            values.extend(tokens[start:n])
+            values.extend([-1] * (stop - n))
+        counts = stops - starts
+        batch_rows = np.repeat(np.arange(len(token_ids), dtype=np.int64), counts)
+        first = np.cumsum(counts) - counts
+        cols = starts[batch_rows] + np.arange(batch_rows.size, dtype=np.int64) - first[batch_rows]
+        return np.stack([batch_rows, cols, np.asarray(values, dtype=np.int64)])
 
     def _scatter(self, req_pool_indices: Any, cells: np.ndarray) -> None:
         import torch
