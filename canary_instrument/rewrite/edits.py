@@ -8,9 +8,11 @@ nodes, so every byte outside an edited statement is reproduced as it was.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.helpers
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -175,34 +177,92 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         context = CodemodContext()
         for module_name, name in plan.add_imports:
             AddImportsVisitor.add_needed_import(context, module_name, name)
-        before = edited
-        edited = _keep_spacing(before, AddImportsVisitor(context).transform_module(edited))
+        body, inserted = _keep_spacing(edited, AddImportsVisitor(context).transform_module(edited))
+        edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
     if plan.remove_imports:
         context = CodemodContext()
         for module_name, name in plan.remove_imports:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name)
-        edited = RemoveImportsVisitor(context).transform_module(edited)
+        edited = _hand_over_spacing(edited, RemoveImportsVisitor(context).transform_module(edited))
     return edited
 
 
-def _keep_spacing(before: cst.Module, after: cst.Module) -> cst.Module:
+def _keep_spacing(before: cst.Module, after: cst.Module) -> tuple[list, set[int]]:
     """Undo the blank line AddImportsVisitor puts before the first statement after the imports.
 
     The file keeps its own spacing, and revert (which removes the import) gives back the
-    input byte for byte.
+    input byte for byte. Returns the body and the indices of the inserted statements.
     """
-    inserted = len(after.body) - len(before.body)
+    count = len(after.body) - len(before.body)
     body = list(after.body)
+    inserted = set()
     old = 0
     for new in range(len(body)):
-        if old >= len(before.body):
-            break
-        original = before.body[old]
-        if body[new].deep_equals(original):
+        original = before.body[old] if old < len(before.body) else None
+        if original is not None and body[new].deep_equals(original):
             old += 1
-        elif body[new].with_changes(leading_lines=original.leading_lines).deep_equals(original):
+        elif original is not None and body[new].with_changes(leading_lines=original.leading_lines).deep_equals(original):
             body[new] = original
             old += 1
-        elif new - old >= inserted:  # an existing import that gained names
+        elif len(inserted) < count:
+            inserted.add(new)
+        else:  # an existing import that gained names
             old += 1
+    return body, inserted
+
+
+def _module_of(statement) -> tuple[str, bool] | None:
+    """(top-level module, is a plain `import`) of a one-import statement line, else None."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    node = statement.body[0]
+    if isinstance(node, cst.Import) and len(node.names) == 1:
+        return cst.helpers.get_full_name_for_node(node.names[0].name).split(".")[0], True
+    if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None:
+        return cst.helpers.get_full_name_for_node(node.module).split(".")[0], False
+    return None
+
+
+def _place_stdlib_imports(body: list, inserted: set[int]) -> list:
+    """Move an added `import <stdlib module>` to where isort would put it among the standard-library imports.
+
+    It goes before the first standard-library import that sorts after it (taking over that
+    statement's leading blank lines, which revert hands back), else after the last one.
+    """
+    for index in sorted(inserted, reverse=True):
+        described = _module_of(body[index])
+        if described is None or not described[1] or described[0] not in sys.stdlib_module_names:
+            continue
+        name = described[0]
+        statement = body.pop(index)
+        stdlib = [
+            (i, info) for i, node in enumerate(body)
+            if i not in inserted and (info := _module_of(node)) is not None
+            and info[0] in sys.stdlib_module_names and info[0] != "__future__"
+        ]
+        later = next((i for i, (module, plain) in stdlib if not plain or module > name), None)
+        if later is not None:
+            body.insert(later, statement.with_changes(leading_lines=body[later].leading_lines))
+            body[later + 1] = body[later + 1].with_changes(leading_lines=())
+        elif stdlib:
+            body.insert(stdlib[-1][0] + 1, statement)
+        else:
+            body.insert(index, statement)
+    return body
+
+
+def _hand_over_spacing(before: cst.Module, after: cst.Module) -> cst.Module:
+    """Give a removed import's leading lines to the statement after it (undoes _place_stdlib_imports)."""
+    body = list(after.body)
+    removed = len(before.body) - len(body)
+    new = 0
+    for original in before.body:
+        if new < len(body) and body[new].deep_equals(original):
+            new += 1
+        elif removed > 0 and _module_of(original) is not None:
+            removed -= 1
+            if new < len(body) and original.leading_lines and not body[new].leading_lines:
+                body[new] = body[new].with_changes(leading_lines=original.leading_lines)
+        else:
+            new += 1
     return after.with_changes(body=body)
