@@ -177,7 +177,9 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         context = CodemodContext()
         for module_name, name in plan.add_imports:
             AddImportsVisitor.add_needed_import(context, module_name, name)
-        body, inserted = _keep_spacing(edited, AddImportsVisitor(context).transform_module(edited))
+        # AddImportsVisitor needs no metadata: visiting directly skips the deep copy
+        # transform_module makes, and keeps untouched statements identical objects.
+        body, inserted = _keep_spacing(edited, edited.visit(AddImportsVisitor(context)))
         edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
     if plan.remove_imports:
         context = CodemodContext()
@@ -199,7 +201,7 @@ def _keep_spacing(before: cst.Module, after: cst.Module) -> tuple[list, set[int]
     old = 0
     for new in range(len(body)):
         original = before.body[old] if old < len(before.body) else None
-        if original is not None and body[new].deep_equals(original):
+        if original is not None and (body[new] is original or body[new].deep_equals(original)):
             old += 1
         elif original is not None and body[new].with_changes(leading_lines=original.leading_lines).deep_equals(original):
             body[new] = original
