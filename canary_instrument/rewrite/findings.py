@@ -17,6 +17,7 @@ HOOK_WITHOUT_WIRING = "CI203"
 MEMBER_MISMATCH = "CI204"
 STALE_WIRING = "CI205"
 MANAGER_CONFLICT = "CI206"
+UNDEFINED_IN_WIRING = "CI207"
 UNCOVERED_FORWARD = "CI301"
 
 # Bad input (exit 2); CI901-CI905 come from rewrite/files.py.
@@ -38,6 +39,7 @@ DESCRIPTIONS = {
     MEMBER_MISMATCH: "half-wired: a class with wired sites lacks the generated member, or has one it no longer uses",
     STALE_WIRING: "wiring differs from what the catalog generates",
     MANAGER_CONFLICT: "two sites in one class name different managers",
+    UNDEFINED_IN_WIRING: "the catalog's wiring for a site reads a name its method does not define (apply skips it)",
     UNCOVERED_FORWARD: "a graph capture/replay or model-runner forward in a class no site covers",
     SYNTAX_ERROR: "the file does not parse",
     NOT_ROUND_TRIPPABLE: "libcst cannot reproduce the file byte for byte",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import builtins
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.edits import EditPlan, key_of
-from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER
+from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, SiteMatch, same_code
 from canary_instrument.rewrite.scaffold import report_unusable
@@ -47,6 +48,18 @@ def free_runtime_names(text: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and n.id in RUNTIME_EXPORTS}
 
 
+def undefined_names(match: SiteMatch) -> list[str]:
+    """Names the site's wiring reads that its method neither receives nor assigns (nor are builtins)."""
+    wanted = {n.id for n in ast.walk(ast.parse(match.wiring(), mode="eval")) if isinstance(n, ast.Name)}
+    arguments = match.method.args
+    defined = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    defined |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    for node in ast.walk(match.method):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+    return sorted(name for name in wanted - defined if name not in dir(builtins))
+
+
 def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
     plan = EditPlan()
     analysis = parsed.analysis
@@ -63,6 +76,15 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
             ))
             continue
         if match.state not in ("placeholder", "wired"):
+            continue
+        undefined = undefined_names(match)
+        if undefined:
+            result.findings.append(parsed.finding(
+                match.anchor, UNDEFINED_IN_WIRING,
+                f"{match.site.role} site: the wiring `{match.wiring()}` uses {', '.join(undefined)}, which "
+                f"{match.class_node.name}.{match.method.name} does not define; left as it is (fix the "
+                "catalog's wiring for this site)",
+            ))
             continue
         wired_classes.add(id(match.class_node))
         unit = indent_unit(parsed, match.class_node)

@@ -424,3 +424,21 @@ def test_diff_mode_writes_nothing(tree):
     result = tree.run("scaffold", write=False)
     assert tree.read(MR) == dedent(FORWARD_BEFORE)
     assert "+        canary_ctx = contextlib.nullcontext()" in result.changes[0].diff()
+
+
+def test_apply_skips_a_site_whose_wiring_reads_a_name_the_method_lacks(tree):
+    tree.write({EW: """
+        import contextlib
+
+
+        class EAGLEWorkerV2:
+            def _draft_extend_for_prefill(self, batch):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    out = self.draft_runner.forward(batch)
+                return out
+        """})
+    result = tree.run("apply")
+    assert [(f.code, f.line) for f in result.findings] == [("CI207", 6)]
+    assert "forward_batch" in result.findings[0].message
+    assert "self.canary_ctx(" not in tree.read(EW)
