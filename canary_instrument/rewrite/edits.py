@@ -1,15 +1,13 @@
 """Apply a plan of statement-level edits to a libcst tree, locating nodes by the positions `locate` found.
 
-Scaffold, apply and revert only decide *what* changes (an EditPlan keyed by `(line, column)`
-of statements from the ast analysis); this module is the single place that changes libcst
-nodes, so every byte outside an edited statement is reproduced as it was.
+Scaffold, apply and revert only decide *what* changes (an EditPlan, rewrite/plan.py); this
+module is the single place that changes libcst nodes, so every byte outside an edited
+statement is reproduced as it was. It is imported only when a plan has work to do.
 """
 
 from __future__ import annotations
 
-import ast
 import sys
-from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.helpers
@@ -17,37 +15,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-Key = tuple[int, int]  # 1-based line, 0-based column of a statement's first character
-
-
-def key_of(node: ast.AST, lines: list[str]) -> Key:
-    """The libcst position of an ast statement (ast columns count UTF-8 bytes, libcst characters)."""
-    line = lines[node.lineno - 1] if node.lineno - 1 < len(lines) else ""
-    column = len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace"))
-    return node.lineno, column
-
-
-@dataclass
-class EditPlan:
-    """What to change in one file; statement texts are at column 0 with "\\n" newlines."""
-
-    replace_value: dict[Key, str] = field(default_factory=dict)  # Assign -> new value (from a statement text)
-    insert_before: dict[Key, list[str]] = field(default_factory=dict)
-    insert_after: dict[Key, list[str]] = field(default_factory=dict)
-    wrap: dict[Key, tuple[Key, str, str]] = field(default_factory=dict)  # first -> (last, assignment, with header)
-    add_item: dict[Key, tuple[str, str]] = field(default_factory=dict)  # With -> (name, "first" | "last")
-    remove: set[Key] = field(default_factory=set)
-    append_to_class: dict[Key, list[str]] = field(default_factory=dict)
-    add_imports: list[tuple[str, str | None]] = field(default_factory=list)  # (module, name or None)
-    remove_imports: list[tuple[str, str]] = field(default_factory=list)
-    touched: int = 0  # sites and hooks this plan changes (for the summary line)
-
-    def __bool__(self) -> bool:
-        return any(
-            (self.replace_value, self.insert_before, self.insert_after, self.wrap, self.add_item, self.remove,
-             self.append_to_class, self.add_imports, self.remove_imports)
-        )
-
+from canary_instrument.rewrite.plan import EditPlan, Key, PlanNotApplied
 
 class _Editor(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
@@ -154,10 +122,6 @@ class _Editor(cst.CSTTransformer):
                 result.extend(self._statement(text) for text in plan.insert_after[key])
             index += 1
         return result
-
-
-class PlanNotApplied(RuntimeError):
-    """The plan named a statement that the libcst tree does not have (an internal error)."""
 
 
 def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:

@@ -18,7 +18,8 @@ from typing import Callable, Iterable
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
-from canary_instrument.rewrite.locate import FileAnalysis, analyse, prefilter_words
+from canary_instrument.rewrite.locate import FileAnalysis, analyse, call_regex, prefilter_words
+from canary_instrument.rewrite.plan import PlanNotApplied
 
 
 @dataclass
@@ -84,13 +85,20 @@ class Prefilter:
             regexes.append(fnmatch.translate(pattern))
             regexes.append(fnmatch.translate("*/" + pattern))
         self._path = re.compile("|".join(regexes)) if regexes else None
-        self._words = [w for w in prefilter_words(catalog)]
+        self._words = prefilter_words(catalog)
+        calls = sorted({p for trigger in catalog.triggers for p in trigger.calls})
+        self._calls = re.compile(b"|".join(call_regex(p) for p in calls)) if calls else None
 
     def path_matches(self, posix: str) -> bool:
         return self._path is not None and self._path.match(posix) is not None
 
     def bytes_match(self, data: bytes) -> bool:
-        return any(data.find(word) >= 0 for word in self._words)
+        """A canary word, or a trigger call (a cheap word test first, the exact regex only then)."""
+        if b"canary" in data:
+            return True
+        if self._calls is None or not any(word in data for word in self._words):
+            return False
+        return self._calls.search(data) is not None
 
 
 def discover(paths: Iterable, catalog: Catalog) -> Iterable[Path | SourceError]:
@@ -194,8 +202,6 @@ def run_transform(
     verify: Callable[[ParsedFile, str], None] | None = None,
 ) -> RunResult:
     """Plan each candidate file, apply the plan with libcst, verify, and write (atomically) if asked."""
-    from canary_instrument.rewrite.edits import PlanNotApplied, apply_plan
-
     result = RunResult(written=write)
     for path in candidates(paths, catalog, result):
         try:
@@ -204,6 +210,8 @@ def run_transform(
             plan = planner(parsed, catalog, result)
             if not plan:
                 continue
+            from canary_instrument.rewrite.edits import apply_plan  # libcst: only when there is work
+
             module = parse_cst(parsed.source)
             new_text = apply_plan(module, plan).code
             if new_text == parsed.source.text:

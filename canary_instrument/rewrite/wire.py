@@ -6,7 +6,7 @@ import ast
 import builtins
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
-from canary_instrument.rewrite.edits import EditPlan, key_of
+from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, SiteMatch, same_code

@@ -1,0 +1,45 @@
+"""What a transform wants changed in one file, keyed by statement positions from the ast analysis.
+
+Libcst-free on purpose: planning a file that needs no change (a no-op apply in a pre-commit
+hook) never imports libcst.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+Key = tuple[int, int]  # 1-based line, 0-based column of a statement's first character
+
+
+def key_of(node: ast.AST, lines: list[str]) -> Key:
+    """The libcst position of an ast statement (ast columns count UTF-8 bytes, libcst characters)."""
+    line = lines[node.lineno - 1] if node.lineno - 1 < len(lines) else ""
+    column = len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace"))
+    return node.lineno, column
+
+
+@dataclass
+class EditPlan:
+    """What to change in one file; statement texts are at column 0 with "\\n" newlines."""
+
+    replace_value: dict[Key, str] = field(default_factory=dict)  # Assign -> new value (from a statement text)
+    insert_before: dict[Key, list[str]] = field(default_factory=dict)
+    insert_after: dict[Key, list[str]] = field(default_factory=dict)
+    wrap: dict[Key, tuple[Key, str, str]] = field(default_factory=dict)  # first -> (last, assignment, with header)
+    add_item: dict[Key, tuple[str, str]] = field(default_factory=dict)  # With -> (name, "first" | "last")
+    remove: set[Key] = field(default_factory=set)
+    append_to_class: dict[Key, list[str]] = field(default_factory=dict)
+    add_imports: list[tuple[str, str | None]] = field(default_factory=list)  # (module, name or None)
+    remove_imports: list[tuple[str, str]] = field(default_factory=list)
+    touched: int = 0  # sites and hooks this plan changes (for the summary line)
+
+    def __bool__(self) -> bool:
+        return any(
+            (self.replace_value, self.insert_before, self.insert_after, self.wrap, self.add_item, self.remove,
+             self.append_to_class, self.add_imports, self.remove_imports)
+        )
+
+
+class PlanNotApplied(RuntimeError):
+    """The plan named a statement that the libcst tree does not have (an internal error)."""
