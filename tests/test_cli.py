@@ -115,3 +115,15 @@ def test_check_imports_neither_libcst_nor_torch_nor_jinja(engine):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert "click" in imported
     assert not imported & {"libcst", "torch", "triton", "jinja2", "numpy"}
+
+
+def test_a_no_op_apply_does_not_import_libcst(engine):
+    assert invoke("scaffold", engine).exit_code == 0
+    assert invoke("apply", engine).exit_code == 0
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "canary_instrument", "apply", str(engine)],
+        capture_output=True, text=True, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "libcst" not in proc.stderr

@@ -442,3 +442,35 @@ def test_apply_skips_a_site_whose_wiring_reads_a_name_the_method_lacks(tree):
     assert [(f.code, f.line) for f in result.findings] == [("CI207", 6)]
     assert "forward_batch" in result.findings[0].message
     assert "self.canary_ctx(" not in tree.read(EW)
+
+
+def test_extend_decode_site_wraps_graph_replay_and_eager_forward_together(tree):
+    assert_transform(
+        tree, "scaffold", EW,
+        '''
+        import contextlib
+
+
+        class EAGLEWorkerV2:
+            def _draft_extend_for_decode(self, forward_batch):
+                if self.cuda_graph_runner_for_draft_extend.can_run(forward_batch):
+                    out = self.cuda_graph_runner_for_draft_extend.replay(forward_batch)
+                else:
+                    out = self.draft_runner.forward(forward_batch).logits_output
+                return out
+        ''',
+        '''
+        import contextlib
+
+
+        class EAGLEWorkerV2:
+            def _draft_extend_for_decode(self, forward_batch):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    if self.cuda_graph_runner_for_draft_extend.can_run(forward_batch):
+                        out = self.cuda_graph_runner_for_draft_extend.replay(forward_batch)
+                    else:
+                        out = self.draft_runner.forward(forward_batch).logits_output
+                return out
+        ''',
+    )
