@@ -291,6 +291,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
                 yield stmt
 
     members: dict[int, MemberInfo] = {}
+    located: set[tuple[str, int]] = set()  # (role, method): overlapping candidates locate a site once
     for site in catalog.sites:
         for location in site.candidates:
             if not location.matches_path(posix):
@@ -300,9 +301,12 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
                 if not location.matches_class(cls.name):
                     continue
                 for method in methods_of(cls, location):
+                    if (site.role, id(method)) in located:
+                        continue
                     match = _match_site(site, location, cls, method, imports, catalog)
                     if match is None:
                         continue
+                    located.add((site.role, id(method)))
                     result.sites.append(match)
                     manager = catalog.managers[location.manager]
                     info = members.get(id(cls))
@@ -321,8 +325,11 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
                 if not location.matches_class(cls.name):
                     continue
                 for method in methods_of(cls, location):
+                    if (hook.role, id(cls)) in located:
+                        continue  # one hook per class: the first candidate method holding the anchor
                     match = _match_hook(hook, parsed, cls, method)
                     if match is not None:
+                        located.add((hook.role, id(cls)))
                         result.hooks.append(match)
 
     for info in members.values():
@@ -448,13 +455,50 @@ def _find_uncovered(result: FileAnalysis, classes, catalog: Catalog) -> None:
 
 
 def prefilter_words(catalog: Catalog) -> list[bytes]:
-    """Byte strings at least one of which a file must contain to need analysis beyond its path."""
-    words = set(catalog.placeholder_names) | {"canary"}
+    """Byte strings at least one of which a file must contain to need analysis beyond its path.
+
+    One `bytes.find` pass per word dominates `check` on a large tree, so words that share a
+    long substring (`graph_runner`, `draft_runner.forward` -> `_runner`) are merged into it.
+    """
+    words = {"canary"}  # covers every canary-named placeholder and the runtime imports
+    words |= {name for name in catalog.placeholder_names if "canary" not in name}
     for trigger in catalog.triggers:
         for pattern in trigger.calls:
-            literal = re.split(r"[*?\[]", pattern)[-1].lstrip(".")
-            if literal:
-                words.add(literal)
-    # `canary` already covers every canary-named placeholder.
-    words = {w for w in words if "canary" not in w or w == "canary"}
+            fragments = [f.strip(".") for f in re.split(r"[*?\[\]]", pattern)]
+            words.add(max(fragments, key=len))
+    merged = True
+    while merged:
+        merged = False
+        ordered = sorted(words)
+        for index, first in enumerate(ordered):
+            for second in ordered[index + 1 :]:
+                common = _longest_common_substring(first, second)
+                # Only a substring as specific as an identifier part (`_runner`), not `forward`.
+                if len(common) >= 6 and ("_" in common or "." in common):
+                    words -= {first, second}
+                    words.add(common)
+                    merged = True
+                    break
+            if merged:
+                break
     return sorted(w.encode() for w in words)
+
+
+def _longest_common_substring(first: str, second: str) -> str:
+    best = ""
+    for start in range(len(first)):
+        for end in range(start + len(best) + 1, len(first) + 1):
+            if first[start:end] in second:
+                best = first[start:end]
+            else:
+                break
+    return best
+
+
+def call_regex(pattern: str) -> bytes:
+    """A regex over source bytes that every call matching the catalog call `pattern` satisfies."""
+    parts = []
+    for component in pattern.split("."):
+        parts.append("".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in component))
+    body = r"\s*\.\s*".join(parts)
+    return (rb"(?<![\w])" if not pattern.startswith("*") else b"") + body.encode() + rb"\s*\("
