@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import libcst as cst
-import libcst.helpers
+from libcst.helpers import get_full_name_for_node
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -183,9 +183,9 @@ def _module_of(statement) -> tuple[str, bool] | None:
         return None
     node = statement.body[0]
     if isinstance(node, cst.Import) and len(node.names) == 1:
-        return cst.helpers.get_full_name_for_node(node.names[0].name).split(".")[0], True
+        return get_full_name_for_node(node.names[0].name).split(".")[0], True
     if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None:
-        return cst.helpers.get_full_name_for_node(node.module).split(".")[0], False
+        return get_full_name_for_node(node.module).split(".")[0], False
     return None
 
 
