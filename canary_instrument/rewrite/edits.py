@@ -10,12 +10,13 @@ from __future__ import annotations
 import sys
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from canary_instrument.rewrite.plan import EditPlan, Key, PlanNotApplied
+
 
 class _Editor(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
