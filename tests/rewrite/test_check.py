@@ -151,3 +151,20 @@ def test_findings_point_at_the_offending_line(states, tmp_path):
     [finding] = result.findings
     line = next(i for i, text in enumerate((root / EW).read_text().splitlines(), 1) if "canary_index_ctx = 3" in text)
     assert (finding.code, finding.line, finding.col) == ("CI105", line, 13)
+
+
+def test_files_outside_the_catalog_paths_are_checked_for_strays_and_uncovered_forwards(states, tmp_path):
+    root = tmp_path / "tree"
+    shutil.copytree(states["scaffolded"], root)
+    (root / "refsgl/srt/model_executor/piecewise_runner.py").write_text(
+        "import contextlib\n\n\n"
+        "class PiecewiseRunner:\n"
+        "    def run(self, forward_batch):\n"
+        "        canary_ctx = contextlib.nullcontext()\n"
+        "        with canary_ctx:\n"
+        "            return self.piecewise_graph_runner.replay(forward_batch)\n"
+    )
+    result = check_tree([root], load_catalog(root))
+    assert [(f.path.name, f.line, f.code) for f in result.findings] == [
+        ("piecewise_runner.py", 6, "CI103"), ("piecewise_runner.py", 7, "CI103"), ("piecewise_runner.py", 8, "CI301"),
+    ]
