@@ -83,9 +83,11 @@ class TritonCanaryOps:
 
     name = "triton"
 
-    def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None):
+    def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
+                 num_warps: int | None = None):
         self.block = block
         self.programs = programs
+        self.num_warps = num_warps
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
@@ -149,7 +151,7 @@ class TritonCanaryOps:
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
-                num_warps=8 if block >= 1024 else 4,
+                num_warps=self.num_warps or (8 if block >= 1024 else 4),
             )
         except Exception as exc:
             raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])
