@@ -118,14 +118,25 @@ def check(paths, catalog_file, output_format):
         }, indent=2))
     elif output_format == "github":
         for item in diagnostics:
-            message = item.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-            click.echo(f"::error file={item.path},line={item.line},col={item.col},title={item.code}::{message}")
+            path = _escape_property(str(item.path))
+            message = _escape_data(item.message)
+            click.echo(f"::error file={path},line={item.line},col={item.col},title={item.code}::{message}")
     else:
         for item in diagnostics:
             click.echo(str(item))
         if diagnostics:
             click.echo("Found " + _summary_counts(result) + f" ({result.files_seen} files, {result.files_analysed} analysed).")
     sys.exit(result.exit_code)
+
+
+def _escape_data(text: str) -> str:
+    """GitHub workflow-command escaping of a message."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    """GitHub workflow-command escaping of a property value (file=...)."""
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def _summary_counts(result) -> str:
