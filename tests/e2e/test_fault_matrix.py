@@ -1,0 +1,68 @@
+"""End to end: the instrumented reference engine reports every injected fault and nothing else.
+
+Default (CPU) suite, reduced: 2 trials per (layout, EAGLE on/off, fault) and 100 clean
+steps per variant. `-m slow`: 50 trials per (layout, EAGLE on/off, fault), so at least
+50 per layout and fault, and 2,000 clean steps per variant with prefix sharing, cache
+eviction, the SWA window and EAGLE all exercised. On a CUDA machine the same tests run
+with CUDA graphs (decode and draft-extend) and the Triton kernels.
+"""
+
+import pytest
+
+from canary_instrument.demo import matrix
+
+VARIANTS = matrix.all_variants()
+
+
+def _describe(result):
+    injected = result.injection.description if result.injection else "never injected"
+    alarms = "; ".join(v.format() for v in result.false_alarms[:3])
+    return f"{result.variant.label} {result.fault} seed {result.seed}: {injected}; false alarms: {alarms or 'none'}"
+
+
+def _run_matrix(bench, variant, trials, seed_base):
+    failures = []
+    for fault in matrix.faults_for(variant):
+        for trial in range(trials):
+            result = bench.run_trial(fault, seed=seed_base + trial)
+            if not result.caught:
+                failures.append(_describe(result))
+            else:
+                assert result.delay is not None and result.delay >= 0
+                assert set(result.example.reasons) & result.injection.expected_reasons
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
+def test_every_fault_is_caught_reduced_matrix(bench_for, variant):
+    _run_matrix(bench_for(variant), variant, trials=2, seed_base=100)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
+def test_clean_run_reports_nothing(bench_for, variant):
+    result = bench_for(variant).clean_run(100, seed=7)
+    assert result.violations == []
+    assert result.stats.prefix_hit_tokens > 0
+    if variant.eagle:
+        assert result.stats.accepted_drafts > 0
+    if variant.layout == "swa":
+        assert result.stats.swa_released_tokens > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
+def test_every_fault_is_caught_full_matrix(slow_only, bench_for, variant):
+    _run_matrix(bench_for(variant), variant, trials=50, seed_base=10_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
+def test_long_clean_run_reports_nothing(slow_only, bench_for, variant):
+    result = bench_for(variant).clean_run(2000, seed=11)
+    assert result.violations == []
+    stats = result.stats
+    assert stats.prefix_hit_tokens > 0 and stats.evicted_tokens > 0 and stats.chunked_prefills > 0
+    if variant.eagle:
+        assert 0 < stats.accepted_drafts < stats.proposed_drafts
+    if variant.layout == "swa":
+        assert stats.swa_released_tokens > 0

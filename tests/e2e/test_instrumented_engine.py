@@ -1,0 +1,57 @@
+"""What a user of the instrumented engine sees: the wiring is in place, raise mode raises, and
+the pristine engine has no canary at all."""
+
+import random
+
+import pytest
+
+from canary_instrument.demo import engine_copy, faults, matrix
+from canary_instrument.demo.workload import Workload
+
+
+def test_cli_instruments_every_site_file(instrumented):
+    root, report = instrumented
+    changed = {d.path for d in report["apply_diff"]}
+    assert changed == {
+        "refsgl/srt/model_executor/model_runner.py",
+        "refsgl/srt/model_executor/cuda_graph_runner.py",
+        "refsgl/srt/speculative/eagle_worker_v2.py",
+        "refsgl/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+    }
+    runner = (root / "refsgl/srt/model_executor/model_runner.py").read_text()
+    assert "self.canary_manager = install_canary(server_args=self.server_args, model_runner=self)" in runner
+
+
+def test_each_runner_gets_its_own_manager(engine_module):
+    engine = engine_module.Engine(**dict(matrix.ENGINE_DEFAULTS, speculative_algorithm="EAGLE"))
+    target, draft = engine.model_runners
+    assert target.canary_manager is not None and draft.canary_manager is not None
+    assert target.canary_manager is not draft.canary_manager
+    assert draft.canary_manager.state.token_offset == 1 and target.canary_manager.state.token_offset == 0
+    # speculative_num_steps = 3: the draft chain runs 2 forwards, each with its own sub-forward manager.
+    assert draft.canary_manager.num_single_forward == 2
+
+
+def test_raise_mode_stops_the_engine_at_the_corrupted_step(engine_module):
+    engine = engine_module.Engine(**dict(matrix.ENGINE_DEFAULTS, kv_canary="raise"))
+    rng = random.Random(3)
+    workload = Workload(engine, rng)
+    for _ in range(6):
+        workload.step()
+    armed = faults.FAULTS["remap"].arm(engine, rng)
+    from canary_instrument.runtime import CanaryViolationError
+
+    with pytest.raises(CanaryViolationError) as caught:
+        for _ in range(10):
+            workload.step()
+            engine.model_runner.canary_manager.flush()
+    assert armed.injection is not None
+    assert "position" in str(caught.value)
+
+
+def test_pristine_engine_has_no_canary(engine_module):
+    module = engine_copy.import_engine(engine_copy.pristine_engine_dir())
+    engine = module.Engine(**matrix.ENGINE_DEFAULTS)
+    assert not hasattr(engine.model_runner, "canary_manager")
+    with pytest.raises(RuntimeError, match="no canary manager"):
+        matrix.EngineBench(module, matrix.Variant("mha", False))
