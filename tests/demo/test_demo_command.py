@@ -1,5 +1,6 @@
 """`canary-instrument demo` as a user runs it, plus the engine-copy helpers it is built from."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,11 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "scaffold  exit 0: 4 files" in out and "apply     exit 0: 4 files" in out
-    for fault_title in ("req_to_token entry remapped", "SWA mapping entry corrupted", "EAGLE draft position off by one"):
-        line = next(line for line in out.splitlines() if line.strip().startswith(fault_title))
-        assert "MISSED" not in line and "n/a" not in line
+    matrix_header = next(line for line in out.splitlines() if line.strip().startswith("fault "))
+    assert matrix_header.split()[1:] == ["swa", "swa+eagle"]
+    eagle_row = next(line for line in out.splitlines() if "EAGLE draft position off by one" in line)
+    assert eagle_row.split()[-2:] == ["+0", "token"]  # n/a without EAGLE, caught with it
+    assert "MISSED" not in out
     assert "Result: 13/13 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2
 
@@ -45,8 +48,17 @@ def test_diff_stat_counts_changed_lines_per_file():
     assert stats == {"a.py": (2, 1), "c.py": (1, 0)}
 
 
-def test_pristine_engine_is_found_from_a_source_checkout():
+SITE_FILES = (
+    "refsgl/srt/model_executor/model_runner.py",
+    "refsgl/srt/model_executor/cuda_graph_runner.py",
+    "refsgl/srt/speculative/eagle_worker_v2.py",
+    "refsgl/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+)
+
+
+def test_pristine_engine_is_found_and_has_no_canary_wiring():
     root = engine_copy.pristine_engine_dir()
-    assert (root / "refsgl/srt/model_executor/model_runner.py").is_file()
-    sources = "".join(p.read_text() for p in Path(root, "refsgl").rglob("*.py"))
-    assert "canary" not in sources.replace("canary_token_ids", "")
+    wiring = re.compile(r"canary_(ctx|outside_ctx|index_ctx|manager|context)|install_canary|mark_init_finished")
+    for name in SITE_FILES:
+        found = wiring.search(Path(root, name).read_text())
+        assert found is None, f"{name} must be pristine (scaffold inserts the sites), found {found.group()}"

@@ -51,7 +51,6 @@ class ServerArgs:
     # KV canary (read by the canary runtime once the engine is instrumented).
     kv_canary: str = "none"
     kv_canary_real_kv: str = "none"
-    kv_canary_swa_divergence_interval: int = 0
 
     def __post_init__(self):
         self._choice("attention_layout", ATTENTION_LAYOUTS)
