@@ -369,6 +369,10 @@ def report(results: dict, argv: list[str]) -> str:
             f"- in-process: importing the CLI took {inproc['import_s']:.3f} s, the first check "
             f"{inproc['first']:.3f} s (exit {inproc['rc']})"
         )
+    lines.append(
+        "- ast-grep runs on both cores, so other load on the machine stretches its wall time more "
+        "than that of the single-threaded check; compare CPU medians as well as wall bests"
+    )
     for key in ("ast_grep", "grep"):
         if results.get(key) and "command" in results[key]:
             lines.append(f"- {key.replace('_', '-')}: `{results[key]['command']}`")
@@ -393,6 +397,9 @@ def report(results: dict, argv: list[str]) -> str:
             f"(console script in the hook virtualenv) {pc.get('hook', pc['bare'])['median']:.3f} s median; "
             f"the whole `pre-commit run` {pc['pre_commit']['median']:.3f} s median, of which pre-commit's "
             f"own floor is {pc['pre_commit_floor']['median']:.3f} s",
+            "- the gap between `pre-commit run` and its floor plus the hook is pre-commit's own work for a "
+            "`language: python` hook: on every run its health check starts the hook virtualenv's "
+            "interpreter to compare versions (`pre_commit/languages/python.py`, `health_check`)",
         ]
     ap = results.get("apply")
     if ap:
