@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 ENGINE_PACKAGE = "refsgl"
@@ -24,11 +24,13 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../canary_instrument
 def pristine_engine_dir() -> Path:
     """Folder holding the pristine `refsgl` package (installed wheel first, then the source tree)."""
     try:
-        shipped = Path(str(resources.files("canary_instrument._engine")))
-        if (shipped / ENGINE_PACKAGE).is_dir():
-            return shipped
-    except (ModuleNotFoundError, TypeError):
-        pass
+        spec = importlib.util.find_spec("canary_instrument._engine")
+    except ModuleNotFoundError:
+        spec = None
+    # A folder without __init__.py: a namespace package, so look at its search locations.
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / ENGINE_PACKAGE).is_dir():
+            return Path(location)
     source = _PACKAGE_ROOT.parent / "golden" / "engine"
     if (source / ENGINE_PACKAGE).is_dir():
         return source

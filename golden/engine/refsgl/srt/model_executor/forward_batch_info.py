@@ -63,7 +63,3 @@ class ForwardBatch:
     spec_info: Any = None
     # Host copy of each request's known token ids [0, n), target order (the canary's expected tokens).
     canary_token_ids: Optional[list[list[int]]] = None
-
-    @property
-    def seq_lens_cpu(self) -> list[int]:
-        return self.seq_lens.tolist()
