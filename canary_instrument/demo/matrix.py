@@ -33,7 +33,6 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     max_total_tokens=768,
     chunked_prefill_size=48,
     sliding_window_size=16,
-    speculative_num_steps=3,
     cuda_graph_max_bs=8,
     kv_canary="log",
     kv_canary_real_kv="partial",

@@ -14,7 +14,7 @@ LAYOUTS = ("mha", "mla", "swa")
 SMALL = dict(
     vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, max_running_requests=8, max_context_len=256, max_total_tokens=2048,
-    chunked_prefill_size=512, sliding_window_size=12, speculative_num_steps=3,
+    chunked_prefill_size=512, sliding_window_size=12,
 )
 
 

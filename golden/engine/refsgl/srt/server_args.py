@@ -41,7 +41,7 @@ class ServerArgs:
 
     # Speculative decoding.
     speculative_algorithm: Optional[str] = None  # None | "EAGLE"
-    speculative_num_steps: int = 3
+    speculative_num_steps: Optional[int] = None  # EAGLE draft chain length; 3 when EAGLE is on, else None
 
     # Graphs and tracing.
     disable_cuda_graph: bool = False
@@ -58,8 +58,14 @@ class ServerArgs:
         self._choice("kv_canary_real_kv", KV_CANARY_REAL_KV_MODES)
         if self.speculative_algorithm not in (None, "EAGLE"):
             raise ValueError(f"ServerArgs.speculative_algorithm: expected None or 'EAGLE', got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "EAGLE" and self.speculative_num_steps is None:
+            self.speculative_num_steps = 3
+        if self.speculative_algorithm is None and self.speculative_num_steps is not None:
+            raise ValueError("ServerArgs.speculative_num_steps: set only together with speculative_algorithm")
         for name in ("max_running_requests", "max_context_len", "max_total_tokens", "chunked_prefill_size",
                      "cuda_graph_max_bs", "speculative_num_steps", "sliding_window_size"):
+            if getattr(self, name) is None:
+                continue
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerArgs.{name}: must be >= 1, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
