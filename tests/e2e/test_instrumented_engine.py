@@ -55,3 +55,20 @@ def test_pristine_engine_has_no_canary(engine_module):
     assert not hasattr(engine.model_runner, "canary_manager")
     with pytest.raises(RuntimeError, match="no canary manager"):
         matrix.EngineBench(module, matrix.Variant("mha", False))
+
+
+@pytest.mark.parametrize("layout", matrix.LAYOUTS)
+def test_real_kv_all_fingerprints_the_whole_row(engine_module, layout):
+    """With kv_canary_real_kv=all a flipped bit anywhere in layer 0's row is caught, not only in the first 16 bytes."""
+    bench = matrix.EngineBench(engine_module, matrix.Variant(layout, False), kv_canary_real_kv="all")
+    for seed in (1, 2, 3):
+        result = bench.run_trial(faults.FAULTS["realkv_flip"], seed=seed)
+        assert result.caught, result.injection
+
+
+def test_a_fault_the_canary_cannot_see_is_reported_missed(engine_module):
+    """The judge can fail: without real-KV fingerprints a flipped KV bit goes unnoticed, and the trial says so."""
+    bench = matrix.EngineBench(engine_module, matrix.Variant("mha", False), kv_canary_real_kv="none")
+    result = bench.run_trial(faults.FAULTS["realkv_flip"], seed=1, max_wait=6)
+    assert result.injection is not None
+    assert not result.caught and result.detected_step is None
