@@ -27,7 +27,7 @@ REASON_ORDER = ["position", "link", "fingerprint", "token", "swa_unmapped", "pad
               help="Pool layouts to run (repeatable; default: all three).")
 @click.option("--trials", default=1, show_default=True, type=click.IntRange(1),
               help="Fault-injection trials per layout, EAGLE setting and fault.")
-@click.option("--clean-steps", default=30, show_default=True, type=click.IntRange(1),
+@click.option("--clean-steps", default=100, show_default=True, type=click.IntRange(1),
               help="Steps of the clean run per layout and EAGLE setting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of workloads and injections.")
 @click.option("--no-overhead", is_flag=True, help="Skip the overhead measurement.")
