@@ -8,11 +8,16 @@ waiting in a collective and a failure on one rank is raised on all of them.
 
 from __future__ import annotations
 
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
 # Per-rank record: violations so far, unhealthy flag, slots written so far.
 _FIELDS = 3
+
+# Upper bound on waiting for gloo's worker thread to drop the collective's tensors.
+_RELEASE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,17 +63,47 @@ def group_size(group: Optional[Any]) -> int:
 
 def combine(group: Any, violations: int, unhealthy: bool, written: int) -> list[RankReport]:
     """Every rank's report, gathered on every rank (a collective: all ranks must call it)."""
+    import torch.distributed as dist
+
+    rows = _all_gather_row(group, [violations, int(unhealthy), written])
+    size = len(rows)
+    ranks = dist.get_process_group_ranks(group) if hasattr(dist, "get_process_group_ranks") else range(size)
+    return [
+        RankReport(rank=int(rank), violations=row[0], unhealthy=bool(row[1]), written=row[2])
+        for rank, row in zip(ranks, rows)
+    ]
+
+
+def _all_gather_row(group: Any, row: list[int]) -> list[list[int]]:
+    """``row`` of every rank of ``group``, in group order.
+
+    A gloo collective hands its tensors to a worker thread, which drops its references after
+    the caller's wait has returned. Dropping a reference to a tensor that Python also holds
+    takes the GIL; if the interpreter is already finalizing (a rank that exits right after
+    the check, as a raise does) the thread is unwound inside a noexcept destructor and the
+    process aborts ("terminate called without an active exception"). So the tensors are
+    handed over entirely and this returns only once the worker thread has let go of them.
+    """
     import torch
     import torch.distributed as dist
 
-    backend = dist.get_backend(group)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    mine = torch.tensor([violations, int(unhealthy), written], dtype=torch.int64, device=device)
-    size = dist.get_world_size(group)
-    gathered = [torch.zeros(_FIELDS, dtype=torch.int64, device=device) for _ in range(size)]
+    nccl = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    gathered = [torch.zeros(_FIELDS, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
-    ranks = dist.get_process_group_ranks(group) if hasattr(dist, "get_process_group_ranks") else range(size)
-    return [
-        RankReport(rank=int(rank), violations=int(t[0]), unhealthy=bool(t[1]), written=int(t[2]))
-        for rank, t in zip(ranks, (g.tolist() for g in gathered))
-    ]
+    rows = [[int(x) for x in t.tolist()] for t in gathered]
+    if not nccl:
+        # NCCL's watchdog releases finished work on its own polling schedule; waiting for it
+        # would stall the step, so only gloo's worker thread is waited for.
+        handed_over = [weakref.ref(t) for t in (mine, *gathered)]
+        del mine, gathered
+        _wait_released(handed_over)
+    return rows
+
+
+def _wait_released(refs: list) -> None:
+    """Sleep (which lets a waiting thread take the GIL) until no tensor in ``refs`` is alive."""
+    deadline = time.monotonic() + _RELEASE_TIMEOUT_S
+    while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+        time.sleep(0.0005)

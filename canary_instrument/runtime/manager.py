@@ -5,7 +5,7 @@ pre-ops outside the graph (plan + expected tokens, host work) -> pre-ops maybe i
 graph (verify + write, device work) -> post-ops maybe inside (verify + fingerprint) ->
 post-ops outside (read the previous step's results, snapshot this step's). Before init has
 finished (warm-up, graph capture) the inside ops still launch, so capture records them, but
-their plans say ``enabled = 0`` and they do nothing.
+their plans say ``enabled = 0`` and they do nothing; those forwards are not steps.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ _MAX_KEPT_VIOLATIONS = 100_000  # violations kept for flush(); older ones only c
 class CanaryStats:
     """Cumulative figures as of the last snapshot the host has read."""
 
-    steps: int  # forward steps (outside contexts) completed
-    tokens_protected: int  # rows written by pre-forward: tokens whose KV now carries a canary row
+    steps: int  # forward steps (outside contexts completed after init finished)
+    tokens_protected: int  # tokens whose KV now carries canary rows (written / rows per token)
     verified: int  # entries verified (all groups and halves)
-    written: int  # same as tokens_protected, per group and half
+    written: int  # canary rows written by pre-forward, summed over groups and halves
     pre_runs: int
     post_runs: int
     violations: int
@@ -158,6 +158,9 @@ class CanaryManager:
         self._pending_lines: list[str] = []
         self._unhealthy: Optional[str] = None
         self._last = CanaryStats(0, 0, 0, 0, 0, 0, 0)
+        self._stats_logged_step = 0  # flush() re-reads the current step; its line is logged once
+        # Every written token gets one row per (group, half): 2 on MHA, 1 on MLA, 4 on SWA.
+        self._rows_per_token = len(state.groups)
         self._violations_seen_by_ranks = 0
 
     # ------------------------------------------------------------------ wiring surface
@@ -292,7 +295,12 @@ class CanaryManager:
         return planned
 
     def _post_ops_outside_graph(self, sfms, planned, forward_batch, ok: bool) -> None:
-        if self.init_finished and sfms and sfms[0].phase != _IDLE:
+        if not self.init_finished:
+            # Warm-up and capture forwards are not steps: nothing was planned, so there is
+            # nothing to read, and the step schedule (stats, SWA, cross-rank checks) starts at
+            # init on every rank, whatever warm-up each rank ran.
+            return
+        if sfms and sfms[0].phase != _IDLE:
             for sfm in sfms:
                 self._plans.disable(sfm.index)
             # Disable before anything can replay the graph again without a fresh plan.
@@ -353,7 +361,7 @@ class CanaryManager:
             self._report(violations, dropped, tag.step)
         self._last = CanaryStats(
             steps=tag.step,
-            tokens_protected=written,
+            tokens_protected=written // self._rows_per_token,
             verified=verified,
             written=written,
             pre_runs=pre_runs,
@@ -380,7 +388,8 @@ class CanaryManager:
                 ).format(),
             )
         interval = self.settings.stats_interval
-        if interval and tag.step % interval == 0:
+        if interval and tag.step % interval == 0 and tag.step > self._stats_logged_step:
+            self._stats_logged_step = tag.step
             logger.info("%s", self._last.format())
 
     def _report(self, violations: list[Violation], dropped: int, step: int) -> None:

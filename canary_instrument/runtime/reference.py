@@ -16,6 +16,9 @@ Semantics beyond docs/architecture.md, shared by both backends:
   ``prefix - 1`` of the same group and half (S_0 when prefix == 0); a broken predecessor
   therefore propagates and is reported again on the next pass.
 - Post-forward writes fingerprints of every resolvable new slot, whatever its verdict.
+- The ring keeps record ``i`` at ``i % RING``. The reference writes records in request order; the
+  kernels in completion order, so when one pass overflows the ring, which record (and, as lanes
+  race on a slot, which fields) survives in a slot is unspecified. ``ring_count`` stays exact.
 - Counters: [0] pre runs, [1] post runs, [2] entries verified (per group and half, including
   failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
 """

@@ -139,13 +139,14 @@ class TritonCanaryOps:
             args += [state.swa_mapping, swa_rows, state.swa_window]
         ring = self._scratch(state, "ring", (1, 8))
         args += [
-            ring, self._scratch(state, "ring_count", (1,)), ring.shape[0],
+            ring, self._scratch(state, "ring_count", (1,)),
             self._scratch(state, "counters", (4,)), self._scratch(state, "group_verified", (2,)),
         ]
         device = state.req_to_token.device
         try:
             kernel[(self._grid(device),)](
                 *args,
+                RING_SIZE=ring.shape[0],
                 HAS_EXPECTED=has_expected,
                 MAX_BS=_next_pow2(max(1, plan.req_pool_indices.numel())),
                 BLOCK=block,
