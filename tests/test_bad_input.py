@@ -145,6 +145,15 @@ def not_round_trippable(tree: Path) -> tuple[Path, int | None, int | None]:
     return path, line_of(data, needle) + 1, 1
 
 
+def trailing_cr(tree: Path) -> tuple[Path, int | None, int | None]:
+    # A last line ended by a lone CR (old Mac line end) is valid Python; libcst 1.x drops that CR.
+    path = tree / VICTIM
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and not data.endswith(b"\r\n")
+    path.write_bytes(data[:-1] + b"\r")
+    return path, data.count(b"\n"), None
+
+
 def binary(tree: Path) -> tuple[Path, int | None, int | None]:
     path = tree / VICTIM
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
@@ -174,6 +183,7 @@ BAD = {
     "syntax_error": syntax_error,
     "undecodable": undecodable,
     "not_round_trippable": not_round_trippable,
+    "trailing_cr": trailing_cr,
     "binary": binary,
     "unreadable": unreadable,
     "symlink_loop": symlink_loop,
