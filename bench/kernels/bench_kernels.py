@@ -9,7 +9,8 @@ writes DIR/results.json and DIR/scaling.png; RESULTS.md in this folder is writte
 
 Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B and
 expected-token entry 8 B once per position, plus per (group, half) the 32 B canary row and,
-with realkv=partial, the 16 B of layer 0's KV row the fingerprint covers. The predecessor row
+with realkv=partial, the 32 B DRAM sector holding the 16 B of layer 0's KV row the fingerprint
+covers (rows are 2 KiB apart, so no two positions share a sector). The predecessor row
 and predecessor req_to_token entry are the neighbouring lane's and are not counted (cache hits
 for contiguous pages; for scattered slots they are real extra traffic, which is the point of
 reporting scattered beside contiguous).
@@ -180,31 +181,82 @@ def copy_bandwidth() -> float:
     return 2 * n * 8 / (ms * 1e-3)
 
 
-CONFIGS = [(1024, 8, 4), (512, 4, 8), (256, 4, 16), (512, 8, 8)]  # (BLOCK, num_warps, programs per SM)
+CONFIGS = [(1024, 8, 4), (512, 4, 8), (256, 4, 16), (512, 8, 8), (256, 8, 8)]  # (BLOCK, num_warps, programs/SM)
+
+# Template experiments: (name, old text, new text) patched into a copy of templates/ and rendered
+# into a scratch folder; the sweep reports them beside the committed kernels.
+VARIANTS = {
+    "scalar_rows": (
+        "    tile = tl.load(rows_ptr + slot[:, None] * ROW + tl.arange(0, ROW)[None, :], mask=mask[:, None], other=0)\n"
+        "    even, odd = tl.split(tl.reshape(tile, (BLOCK, 2, 2)))\n"
+        "    token, link = tl.split(even)\n"
+        "    position, fp = tl.split(odd)\n",
+        "    token = tl.load(rows_ptr + slot * ROW + 0, mask=mask, other=0)\n"
+        "    position = tl.load(rows_ptr + slot * ROW + 1, mask=mask, other=0)\n"
+        "    link = tl.load(rows_ptr + slot * ROW + 2, mask=mask, other=0)\n"
+        "    fp = tl.load(rows_ptr + slot * ROW + 3, mask=mask, other=0)\n",
+    ),
+}
 
 
-def make_ops(config):
+def variant_dir(name):
+    import shutil
+    import tempfile
+
+    from canary_instrument.codegen.build import render_kernels
+
+    repo = Path(__file__).resolve().parents[2]
+    work = Path(tempfile.mkdtemp(prefix=f"canary_{name}_"))
+    shutil.copytree(repo / "templates", work / "templates")
+    template = work / "templates" / "canary.py.jinja"
+    old, new = VARIANTS[name]
+    text = template.read_text()
+    if old not in text:
+        raise ValueError(f"variant {name}: patch anchor not found in the template")
+    template.write_text(text.replace(old, new))
+    render_kernels(work / "templates", work / "kernels")
+    return work / "kernels"
+
+
+def make_ops(config, kernel_dir=None):
     block, warps, per_sm = config
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm)
+    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm, kernel_dir=kernel_dir)
 
 
 def tune(results):
-    """Pick the launch configuration with the fastest 1M-position verify (contiguous, realkv=none)."""
+    """Pick the launch configuration with the fastest 1M-position verify (contiguous, realkv=none);
+    template variants are measured beside the committed kernels, for the record."""
     reqs, ctx = 64, 16385
     state, plan, ids = build("mha", "none", reqs, ctx)
     plan.extend_lens.zero_()
     rows = []
-    for config in CONFIGS:
-        ops = make_ops(config)
-        ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
-        rows.append(dict(block=config[0], num_warps=config[1], programs_per_sm=config[2], us=ms * 1e3,
-                         violations=int(state.ring_count[0])))
-        log("tune", rows[-1])
-    best = min(rows, key=lambda r: r["us"])
+    for variant in [None] + list(VARIANTS):
+        kdir = variant_dir(variant) if variant else None
+        for config in CONFIGS:
+            ops = make_ops(config, kdir)
+            ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+            rows.append(dict(variant=variant or "committed", block=config[0], num_warps=config[1],
+                             programs_per_sm=config[2], us=ms * 1e3, violations=int(state.ring_count[0])))
+            log("tune", rows[-1])
+    best = min((r for r in rows if r["variant"] == "committed"), key=lambda r: r["us"])
     results["tuning"] = rows
     results["config"] = best
-    del state, plan
+    # The small-batch end of the scaling table is launch- and latency-bound: sweep it too.
+    small = []
+    state2, plan2, ids2 = build("mha", "none", 8, 16384)
+    for config in CONFIGS:
+        ops = make_ops(config)
+
+        def forward():
+            ops.pre_forward(state2, plan2, ids2)
+            ops.post_forward(state2, plan2)
+
+        ms = bench_graph(forward)
+        small.append(dict(block=config[0], num_warps=config[1], programs_per_sm=config[2], us=ms * 1e3))
+        log("tune_small", small[-1])
+    results["tuning_small"] = small
+    del state, plan, state2, plan2
     torch.cuda.empty_cache()
     return (best["block"], best["num_warps"], best["programs_per_sm"])
 
@@ -219,7 +271,7 @@ def verify_bandwidth(copy_bw, results, config):
             ops = make_ops(config)
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
             positions = reqs * (ctx - 1)
-            per_pos = 4 + 8 + 2 * 32 + (2 * 16 if realkv == "partial" else 0)
+            per_pos = 4 + 8 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
             bw = positions * per_pos / (ms * 1e-3)
             bad = int(state.ring_count[0])
             row = dict(realkv=realkv, pages="scattered" if scattered else "contiguous", positions=positions,
