@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from datetime import timedelta
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,14 +44,21 @@ def main():
     if device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # A collective without a partner fails within a minute instead of hanging the test.
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     handler = LogLines()
     logger = logging.getLogger("canary_instrument.runtime")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    mode = "log" if scenario == "log_counts" else "raise"
+    mode = "log" if scenario in ("log_counts", "uneven_warmup") else "raise"
     runner = TPRunner(server_args(kv_canary=mode, kv_canary_dist_interval=2), device=device, group=dist.group.WORLD)
     sched = Scheduler(runner)
+    if scenario == "uneven_warmup" and rank == 1:
+        warm = sched.new_request([9, 9, 9])  # a warm-up forward that rank 0 does not run
+        runner.forward(sched.extend([warm]))
+        sched.finish(warm)
     mark_init_finished(runner.canary_manager)
     reqs = [sched.new_request([1, 2, 3, 4]), sched.new_request([5, 6, 7])]
     result = {"rank": rank, "error": None, "error_step": None, "message": ""}
@@ -58,7 +66,7 @@ def main():
         runner.forward(sched.extend(reqs))  # step 1
         for i in range(6):  # steps 2..7
             batch = sched.decode(reqs, [10 + i, 20 + i])
-            if rank == 1 and i == 0:
+            if rank == 1 and i == 0 and scenario != "uneven_warmup":
                 if scenario == "health":
                     unbracket_model_forward(runner.model)
                 else:

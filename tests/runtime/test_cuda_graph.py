@@ -87,7 +87,9 @@ def test_replay_with_changing_batches_is_clean_and_counted(layout):
     assert manager.flush() == []
     stats = manager.stats()
     assert stats.pre_runs == stats.post_runs == 1 + len(schedule)
-    assert stats.tokens_protected == len(manager.state.groups) * (9 + sum(len(b) for b in schedule))
+    tokens = 9 + sum(len(b) for b in schedule)
+    assert stats.tokens_protected == tokens
+    assert stats.written == len(manager.state.groups) * tokens
     # The replayed passes wrote real rows at the decoded positions.
     rows = manager.state.groups[0].rows
     assert rows[reqs[1].slots[-1], :2].tolist() == [reqs[1].tokens[-1], len(reqs[1].slots) - 1]

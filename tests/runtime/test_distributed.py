@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "dist_worker.py")
+RELEASE_WORKER = os.path.join(HERE, "gloo_release_worker.py")
 
 
 def _free_port():
@@ -69,6 +71,25 @@ def test_log_mode_reports_combined_counts_from_one_rank():
     last = rank0["rank_lines"][-1]
     assert "ranks=2" in last and f"violations={rank1['local_violations']}" in last
     assert rank1["local_violations"] > 0
+
+
+def test_ranks_with_different_warm_up_still_check_at_the_same_steps():
+    rank0, rank1 = _run("uneven_warmup")
+    assert rank0["error"] is None and rank1["error"] is None
+    # Steps count from init on every rank, so the checks pair up at steps 2, 4 and 6.
+    assert [line.split()[2] for line in rank0["rank_lines"]] == ["step=2", "step=4", "step=6"]
+    assert all("ranks=2 violations=0" in line for line in rank0["rank_lines"])
+
+
+def test_combine_returns_only_after_gloo_has_released_its_tensors():
+    # A gloo worker thread that drops the last C++ reference after the interpreter began to
+    # finalize aborts the process (rank exited -6). The script makes that late release certain.
+    proc = subprocess.run([sys.executable, RELEASE_WORKER], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["demoted"] == 2 and result["handed_over"] == 2
+    assert result["reports"] == [[0, 3, True, 7]]
+    assert result["still_held"] == 0
 
 
 two_gpus = pytest.mark.skipif(

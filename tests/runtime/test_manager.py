@@ -129,6 +129,26 @@ def test_after_init_inside_ops_without_a_plan_is_an_error(dev):
             runner.model.forward(batch.input_ids, batch.positions, batch)
 
 
+def test_forwards_before_init_are_not_steps(dev, canary_log):
+    runner, sched, _ = _runner(dev, args=server_args(kv_canary_stats_interval=2))
+    manager = runner.canary_manager
+    warm = sched.new_request([1, 2, 3])
+    runner.forward(sched.extend([warm]))  # warm-up
+    runner.forward(sched.decode([warm], [4]))  # capture
+    sched.finish(warm)
+    manager.flush()
+    assert manager.step == 0
+    mark_init_finished(manager)
+    req = sched.new_request([5, 6])
+    runner.forward(sched.extend([req]))  # step 1
+    runner.forward(sched.decode([req], [7]))  # step 2
+    assert manager.flush() == []
+    assert manager.step == manager.stats().steps == 2
+    stats_lines = [r.getMessage() for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
+    assert [line.split()[2] for line in stats_lines] == ["steps=2"]
+    assert "pre_runs=2 post_runs=2" in stats_lines[0]
+
+
 def test_before_init_kernels_launch_disabled_and_do_nothing(dev):
     runner, sched, ops = _runner(dev)
     manager = runner.canary_manager

@@ -107,9 +107,39 @@ def test_periodic_stats_lines(dev, canary_log):
     # Steps 2 and 4 were read (one step late) at the ends of steps 3 and 5; flush read step 5.
     assert [line.split()[2] for line in stats_lines] == ["steps=2", "steps=4"]
     stats = runner.canary_manager.stats()
-    # 4 + 5 prompt tokens, then 4 decode steps of 2 requests, each written in K and V.
-    assert stats.tokens_protected == (9 + 8) * 2
+    # 4 + 5 prompt tokens, then 4 decode steps of 2 requests; each token has a K and a V row.
+    assert stats.tokens_protected == 9 + 8
+    assert stats.written == (9 + 8) * 2
     assert stats.pre_runs == stats.post_runs == 5 and stats.violations == 0
+
+
+def _stats_lines(canary_log):
+    return [r.getMessage().split()[2] for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
+
+
+def test_each_stats_line_is_logged_once_however_often_flush_runs(dev, canary_log):
+    runner, sched, reqs = _serving(dev, kv_canary_stats_interval=2)  # step 1
+    runner.forward(sched.decode(reqs, [1, 1]))  # step 2, a multiple of the interval
+    runner.canary_manager.flush()
+    runner.canary_manager.flush()  # no new step
+    assert _stats_lines(canary_log) == ["steps=2"]
+    runner.forward(sched.decode(reqs, [2, 2]))  # step 3: reads nothing new for the stats line
+    runner.forward(sched.decode(reqs, [3, 3]))  # step 4
+    runner.forward(sched.decode(reqs, [4, 4]))  # step 5 reads step 4
+    runner.canary_manager.flush()
+    assert _stats_lines(canary_log) == ["steps=2", "steps=4"]
+
+
+@pytest.mark.parametrize("layout, rows_per_token", [("mha", 2), ("mla", 1), ("swa", 4)])
+def test_tokens_protected_counts_tokens_on_every_layout(dev, canary_log, layout, rows_per_token):
+    runner, sched, reqs = _serving(dev, layout=layout, kv_canary_stats_interval=3)  # 4 + 5 prompt tokens
+    for i in range(2):
+        runner.forward(sched.decode(reqs, [i, i]))
+    assert runner.canary_manager.flush() == []
+    stats = runner.canary_manager.stats()
+    assert stats.tokens_protected == 9 + 2 * 2
+    assert stats.written == rows_per_token * stats.tokens_protected
+    assert f"tokens_protected={9 + 4} " in canary_log.text
 
 
 def test_violation_line_round_trip():
