@@ -18,9 +18,10 @@ from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
 from .state import CanaryState, PlanInputs
 
-DEFAULT_BLOCK = 1024
+DEFAULT_BLOCK = 256  # with 4 warps and 16 programs per SM: see bench/kernels/RESULTS.md
 FULL_ROW_BLOCK = 128  # realkv=all fingerprints whole rows: smaller slot tiles keep registers in check
 MAX_FP_CHUNK = 32
+PROGRAMS_PER_SM = 16
 
 
 def kernels_dir() -> Path:
@@ -109,7 +110,7 @@ class TritonCanaryOps:
         if self.programs:
             return self.programs
         if device.type == "cuda":
-            return torch.cuda.get_device_properties(device).multi_processor_count * 4
+            return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
         return 4  # the interpreter runs programs one after another; each re-plans the batch
 
     def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list) -> None:
