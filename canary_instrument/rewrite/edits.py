@@ -148,8 +148,8 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
     if plan.remove_imports:
         context = CodemodContext()
-        for module_name, name in plan.remove_imports:
-            RemoveImportsVisitor.remove_unused_import(context, module_name, name)
+        for module_name, name, alias in plan.remove_imports:
+            RemoveImportsVisitor.remove_unused_import(context, module_name, name, alias)
         edited = _hand_over_spacing(edited, RemoveImportsVisitor(context).transform_module(edited))
     return edited
 

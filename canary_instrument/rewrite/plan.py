@@ -31,7 +31,8 @@ class EditPlan:
     remove: set[Key] = field(default_factory=set)
     append_to_class: dict[Key, list[str]] = field(default_factory=dict)
     add_imports: list[tuple[str, str | None]] = field(default_factory=list)  # (module, name or None)
-    remove_imports: list[tuple[str, str]] = field(default_factory=list)
+    # (module, name or None, local alias or None), removed only where nothing uses it any more
+    remove_imports: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     touched: int = 0  # sites and hooks this plan changes (for the summary line)
 
     def __bool__(self) -> bool:

@@ -26,7 +26,7 @@ def plan_revert(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> Edit
             plan.remove.add(key_of(statement, parsed.lines))
             plan.touched += 1
     if plan:
-        plan.remove_imports.extend((catalog.runtime_module, name) for name in RUNTIME_EXPORTS)
+        plan.remove_imports.extend((catalog.runtime_module, name, None) for name in RUNTIME_EXPORTS)
     return plan
 
 

@@ -9,7 +9,7 @@ from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
-from canary_instrument.rewrite.locate import MEMBER_MARKER, SiteMatch, same_code
+from canary_instrument.rewrite.locate import MEMBER_MARKER, Imports, SiteMatch, dotted_name, same_code
 from canary_instrument.rewrite.scaffold import report_unusable
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
@@ -60,6 +60,18 @@ def undefined_names(match: SiteMatch) -> list[str]:
     return sorted(name for name in wanted - defined if name not in dir(builtins))
 
 
+def factory_import(match: SiteMatch, imports: Imports, factory: str) -> tuple[str, str | None, str | None]:
+    """The import (module, name, alias) that binds the name a placeholder calls the factory through."""
+    local = dotted_name(match.assign.value.func).split(".")[0]
+    target = imports.names.get(local, local)
+    module, _, attribute = factory.rpartition(".")
+    if target == factory:
+        return module, attribute, None if local == attribute else local
+    if local != target:
+        return target, None, local
+    return module, None, None
+
+
 def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
     plan = EditPlan()
     analysis = parsed.analysis
@@ -88,6 +100,11 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
             continue
         wired_classes.add(id(match.class_node))
         unit = indent_unit(parsed, match.class_node)
+        if match.state == "placeholder":
+            # Queued for every placeholder apply wires; removed only where nothing else uses it.
+            factory = factory_import(match, analysis.imports, catalog.placeholder_factory)
+            if factory not in plan.remove_imports:
+                plan.remove_imports.append(factory)
         if match.state == "placeholder" or not same_code(match.assign.value, match.wiring()):
             plan.replace_value[key_of(match.assign, parsed.lines)] = site_statement(parsed, match, unit, limit)
             plan.touched += 1

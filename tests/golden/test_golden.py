@@ -6,6 +6,7 @@ Refresh with `.venv/bin/python -m pytest tests/golden --update-goldens` (refused
 
 from __future__ import annotations
 
+import ast
 import difflib
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.check import check_tree
+from canary_instrument.rewrite.revert import revert_tree
 from canary_instrument.rewrite.scaffold import scaffold_tree
 from canary_instrument.rewrite.wire import apply_tree
 
@@ -58,6 +60,9 @@ def runs(tmp_path_factory):
             states[step] = snapshot(root)
         checked = check_tree([root], catalog)
         assert checked.exit_code == 0, [str(f) for f in checked.findings]
+        outcome = revert_tree([root], catalog)
+        assert outcome.exit_code == 0, [str(x) for x in (*outcome.errors, *outcome.findings)]
+        states["revert"] = snapshot(root)
         result[name] = (root, states)
     return result
 
@@ -106,3 +111,31 @@ def test_refactored_variant_gets_placeholders_in_the_same_roles(runs):
 
     assert roles(runs["refactored"][0]) == roles(runs["engine"][0])
     assert len(roles(runs["engine"][0])) == 7
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_revert_gives_back_the_scaffolded_engine(runs, tree):
+    _, states = runs[tree]
+    assert states["revert"] == states["scaffold"]
+
+
+def unused_imports(text: str) -> set[str]:
+    """Imported names the module never reads (what a linter's unused-import rule reports)."""
+    tree = ast.parse(text)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+        if (alias.asname or alias.name).split(".")[0] not in read
+    }
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_apply_leaves_no_import_unused_that_the_pristine_engine_used(runs, tree):
+    _, states = runs[tree]
+    made_unused = {
+        rel: sorted(unused_imports(text) - unused_imports(states["pristine"][rel]))
+        for rel, text in states["apply"].items()
+    }
+    assert {rel: names for rel, names in made_unused.items() if names} == {}

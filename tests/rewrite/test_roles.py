@@ -144,7 +144,6 @@ def test_capture_site_wraps_warm_up_through_capture_and_gets_the_draft_worker_gu
                 return graph, out
         ''',
         '''
-        import contextlib
         from canary_instrument.runtime import canary_context
 
 
@@ -186,6 +185,7 @@ EAGLE_BEFORE = '''
     class EAGLEWorkerV2:
         def __init__(self, args):
             self.draft_runner = make_runner(args)
+            self.idle_ctx = nullcontext()
             self.init_cuda_graphs()
 
         @torch.no_grad()
@@ -219,6 +219,7 @@ def test_eagle_sites_loop_index_aliased_factory_decorators_and_init_finished_hoo
         class EAGLEWorkerV2:
             def __init__(self, args):
                 self.draft_runner = make_runner(args)
+                self.idle_ctx = nullcontext()
                 self.init_cuda_graphs()
 
             @torch.no_grad()
@@ -253,6 +254,7 @@ def test_eagle_sites_loop_index_aliased_factory_decorators_and_init_finished_hoo
         class EAGLEWorkerV2:
             def __init__(self, args):
                 self.draft_runner = make_runner(args)
+                self.idle_ctx = nullcontext()
                 self.init_cuda_graphs()
                 mark_init_finished(self.draft_runner.canary_manager)
 
@@ -307,7 +309,7 @@ def test_install_and_init_finished_hooks_follow_their_anchor_statements(tree):
 
             def forward(self, forward_batch):
                 canary_ctx = cl.nullcontext()
-                with canary_ctx, other():
+                with canary_ctx, cl.suppress(KeyError):
                     return self._forward_raw(forward_batch)
         '''})
     result = tree.run("apply")
@@ -333,7 +335,7 @@ def test_install_and_init_finished_hooks_follow_their_anchor_statements(tree):
 
             def forward(self, forward_batch):
                 canary_ctx = self.canary_ctx(forward_batch, outside=[0], active=0)
-                with canary_ctx, other():
+                with canary_ctx, cl.suppress(KeyError):
                     return self._forward_raw(forward_batch)
 
             # canary-instrument: generated; `canary-instrument revert` removes it
@@ -474,3 +476,157 @@ def test_extend_decode_site_wraps_graph_replay_and_eager_forward_together(tree):
                 return out
         ''',
     )
+
+
+DRAFT_EXTEND_BEFORE = '''
+    """Draft-extend graphs."""
+
+    from __future__ import annotations
+
+    import bisect
+    from typing import Callable
+
+    import torch
+
+
+    class EAGLEDraftExtendCudaGraphRunner:
+        def capture_one_batch_size(self, bs, forward):
+            forward_batch = self._capture_init(bs)
+            out = self._capture_graph(forward_batch)
+            return out
+    '''
+
+
+def test_apply_removes_the_contextlib_import_scaffold_added_and_revert_puts_it_back(tree):
+    assert_round_trip(
+        tree, DE, DRAFT_EXTEND_BEFORE,
+        '''
+        """Draft-extend graphs."""
+
+        from __future__ import annotations
+
+        import bisect
+        import contextlib
+        from typing import Callable
+
+        import torch
+
+
+        class EAGLEDraftExtendCudaGraphRunner:
+            def capture_one_batch_size(self, bs, forward):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    forward_batch = self._capture_init(bs)
+                    out = self._capture_graph(forward_batch)
+                return out
+        ''',
+        '''
+        """Draft-extend graphs."""
+
+        from __future__ import annotations
+
+        import bisect
+        from typing import Callable
+
+        import torch
+        from canary_instrument.runtime import canary_context
+
+
+        class EAGLEDraftExtendCudaGraphRunner:
+            def capture_one_batch_size(self, bs, forward):
+                canary_ctx = self.canary_ctx(active=0)
+                with canary_ctx:
+                    forward_batch = self._capture_init(bs)
+                    out = self._capture_graph(forward_batch)
+                return out
+
+            # canary-instrument: generated; `canary-instrument revert` removes it
+            def canary_ctx(self, forward_batch=None, *, outside=None, active=None):
+                manager = self.model_runner.canary_manager
+                return canary_context(
+                    manager, forward_batch, outside=outside, active=active
+                )
+        ''',
+    )
+    assert tree.run("apply").changes and tree.run("apply").changes == []
+
+
+def test_apply_keeps_a_contextlib_import_the_file_uses_outside_its_sites(tree):
+    tree.write({CG: '''
+        import contextlib
+
+
+        class CudaGraphRunner:
+            @contextlib.contextmanager
+            def patch(self):
+                yield
+
+            def _capture(self, bs, forward):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    out = self._capture_graph(bs, forward)
+                return out
+        '''})
+    tree.run("apply")
+    assert tree.read(CG).startswith("import contextlib\nfrom canary_instrument.runtime import canary_context\n")
+
+
+def test_revert_spells_the_placeholder_as_scaffold_once_apply_removed_the_file_s_own_factory_import(tree):
+    """Documented limitation (docs/cli.md): apply records nothing, so an aliased factory import that
+    only the placeholders used comes back as scaffold's `import contextlib`."""
+    tree.write({CG: '''
+        from contextlib import nullcontext as nc
+
+
+        class CudaGraphRunner:
+            def _capture(self, bs, forward):
+                canary_ctx = nc()
+                with canary_ctx:
+                    out = self._capture_graph(bs, forward)
+                return out
+        '''})
+    tree.run("apply")
+    wired = tree.read(CG)
+    assert "nullcontext" not in wired and wired.startswith("from canary_instrument.runtime import canary_context\n")
+    tree.run("revert")
+    assert tree.read(CG) == dedent('''
+        import contextlib
+
+
+        class CudaGraphRunner:
+            def _capture(self, bs, forward):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    out = self._capture_graph(bs, forward)
+                return out
+        ''')
+    tree.run("apply")
+    assert tree.read(CG) == wired
+
+
+def test_revert_writes_one_spelling_for_every_placeholder_of_a_file(tree):
+    """Documented limitation (docs/cli.md): placeholders spelled two ways in one file come back one way."""
+    tree.write({EW: '''
+        import contextlib
+        from contextlib import nullcontext
+
+
+        class EAGLEWorkerV2:
+            def draft(self, forward_batch):
+                canary_outside_ctx = contextlib.nullcontext()
+                with canary_outside_ctx:
+                    tokens = self.cuda_graph_runner.replay(forward_batch)
+                return tokens
+
+            def _draft_extend_for_prefill(self, forward_batch):
+                canary_ctx = nullcontext()
+                with canary_ctx:
+                    logits_output = self.draft_runner.forward(forward_batch).logits_output
+                return logits_output
+        '''})
+    tree.run("apply")
+    assert "contextlib" not in tree.read(EW)
+    tree.run("revert")
+    reverted = tree.read(EW)
+    assert reverted.startswith("import contextlib\n\n\nclass EAGLEWorkerV2:\n")
+    assert reverted.count("= contextlib.nullcontext()") == 2
