@@ -147,10 +147,13 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         body, inserted = _keep_spacing(edited, edited.visit(AddImportsVisitor(context)))
         edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
     if plan.remove_imports:
-        context = CodemodContext()
+        # `edited` is not used again, so the visitor's scope analysis may skip the deep copy
+        # transform_module would make (most of apply's time on a large file).
+        wrapper = MetadataWrapper(edited, unsafe_skip_copy=True)
+        context = CodemodContext(wrapper=wrapper)
         for module_name, name, alias in plan.remove_imports:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name, alias)
-        edited = _hand_over_spacing(edited, RemoveImportsVisitor(context).transform_module(edited))
+        edited = _hand_over_spacing(edited, wrapper.visit(RemoveImportsVisitor(context)))
     return edited
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
-from canary_instrument.rewrite.locate import MEMBER_MARKER, Imports, SiteMatch, dotted_name, same_code
+from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name, same_code
 from canary_instrument.rewrite.scaffold import report_unusable
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
@@ -60,9 +61,13 @@ def undefined_names(match: SiteMatch) -> list[str]:
     return sorted(name for name in wanted - defined if name not in dir(builtins))
 
 
-def factory_import(match: SiteMatch, imports: Imports, factory: str) -> tuple[str, str | None, str | None]:
-    """The import (module, name, alias) that binds the name a placeholder calls the factory through."""
-    local = dotted_name(match.assign.value.func).split(".")[0]
+def factory_local(match: SiteMatch) -> str:
+    """The local name a placeholder calls its factory through (`contextlib`, `cl`, `nullcontext`)."""
+    return dotted_name(match.assign.value.func).split(".")[0]
+
+
+def factory_import(local: str, imports: Imports, factory: str) -> tuple[str, str | None, str | None]:
+    """The import (module, name, alias) that binds `local` to the factory or its module."""
     target = imports.names.get(local, local)
     module, _, attribute = factory.rpartition(".")
     if target == factory:
@@ -72,6 +77,22 @@ def factory_import(match: SiteMatch, imports: Imports, factory: str) -> tuple[st
     return module, None, None
 
 
+def imports_left_unused(
+    analysis: FileAnalysis, wired: list[SiteMatch], factory: str
+) -> list[tuple[str, str | None, str | None]]:
+    """The factory imports that nothing but the placeholders apply wires reads.
+
+    A cheap ast count keeps libcst's RemoveImportsVisitor (a full scope analysis, which has the
+    final say) off files that use the import elsewhere, such as the model runner.
+    """
+    reads = Counter(n.id for n in ast.walk(analysis.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    wired_reads = Counter(factory_local(match) for match in wired)
+    return [
+        factory_import(local, analysis.imports, factory)
+        for local, count in sorted(wired_reads.items()) if reads[local] <= count
+    ]
+
+
 def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
     plan = EditPlan()
     analysis = parsed.analysis
@@ -79,6 +100,7 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
     limit = line_limit(parsed.source.text)
     names: set[str] = set()
     wired_classes = set()
+    wired_factory_calls: list[SiteMatch] = []
     for match in analysis.sites:
         if match.state == "missing":
             result.findings.append(parsed.finding(
@@ -101,10 +123,7 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         wired_classes.add(id(match.class_node))
         unit = indent_unit(parsed, match.class_node)
         if match.state == "placeholder":
-            # Queued for every placeholder apply wires; removed only where nothing else uses it.
-            factory = factory_import(match, analysis.imports, catalog.placeholder_factory)
-            if factory not in plan.remove_imports:
-                plan.remove_imports.append(factory)
+            wired_factory_calls.append(match)
         if match.state == "placeholder" or not same_code(match.assign.value, match.wiring()):
             plan.replace_value[key_of(match.assign, parsed.lines)] = site_statement(parsed, match, unit, limit)
             plan.touched += 1
@@ -129,6 +148,7 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         plan.touched += 1
     if plan:
         plan.add_imports.extend((catalog.runtime_module, name) for name in sorted(names))
+        plan.remove_imports.extend(imports_left_unused(analysis, wired_factory_calls, catalog.placeholder_factory))
     return plan
 
 

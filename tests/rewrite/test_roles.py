@@ -630,3 +630,21 @@ def test_revert_writes_one_spelling_for_every_placeholder_of_a_file(tree):
     reverted = tree.read(EW)
     assert reverted.startswith("import contextlib\n\n\nclass EAGLEWorkerV2:\n")
     assert reverted.count("= contextlib.nullcontext()") == 2
+
+
+def test_apply_keeps_a_factory_import_the_module_re_exports(tree):
+    tree.write({CG: '''
+        from contextlib import nullcontext
+
+        __all__ = ["CudaGraphRunner", "nullcontext"]
+
+
+        class CudaGraphRunner:
+            def _capture(self, bs, forward):
+                canary_ctx = nullcontext()
+                with canary_ctx:
+                    out = self._capture_graph(bs, forward)
+                return out
+        '''})
+    tree.run("apply")
+    assert tree.read(CG).startswith("from contextlib import nullcontext\n")
