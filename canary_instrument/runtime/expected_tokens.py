@@ -5,6 +5,11 @@ worker reads column p + 1 for its slot p). -1 means unknown and is never checked
 needs no host copy of ``req_pool_indices``: the host sends (batch row, column, token)
 cells and the device scatters them through the batch's own ``req_pool_indices``.
 
+The cells go into the runner's staging buffer (``staging.py``) and reach the device with the
+plan in one copy; a step needing more cells than the staging region holds (an extend batch
+of long rows) sends them in a second copy. Building the cells is vectorised numpy, apart from
+one C-level slice per request of the engine's Python token lists.
+
 Which cells are sent: an extend forward (where a request enters a req-pool row, possibly
 inheriting a cached prefix) sends the whole known row; any other forward sends the last
 ``window`` known tokens, enough to cover what one step can add. Both send ``window + 1``
@@ -14,6 +19,8 @@ any verify can read it.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -28,9 +35,20 @@ class ExpectedTokenTable:
         self.table = torch.full((max_reqs, max_context + 1), -1, dtype=torch.int64, device=device)
         self.window = int(window)
         self.device = torch.device(device)
+        self._overflow: Optional[np.ndarray] = None
+        from canary_instrument.runtime.staging import BoundedCache
 
-    def update(self, forward_batch: Any, full_rows: bool) -> int:
-        """Send this batch's known tokens; returns the number of cells sent (0 without token ids)."""
+        self._cell_views = BoundedCache()
+        self._row_grids = BoundedCache()
+
+    def staging_cells(self, max_bs: int) -> int:
+        """Cells the staging region holds: a full non-extend step of ``max_bs`` requests."""
+        return int(max_bs) * (2 * self.window + 1)
+
+    def stage(self, forward_batch: Any, full_rows: bool, out: np.ndarray) -> int:
+        """Write this batch's cells into ``out`` (flat int64, packed [3, cells]); returns the cell count
+        (0 without token ids). Cells that do not fit are kept for ``scatter`` to send separately."""
+        self._overflow = None
         token_ids: Optional[Sequence[Sequence[int]]] = getattr(forward_batch, "canary_token_ids", None)
         if token_ids is None:
             return 0
@@ -39,17 +57,66 @@ class ExpectedTokenTable:
             raise ValueError(
                 f"kv canary: forward_batch.canary_token_ids has {len(token_ids)} rows for a batch of {bs} requests"
             )
-        cells = self._cells(token_ids, full_rows)
-        if cells.shape[1] == 0:
+        lens = np.fromiter(map(len, token_ids), dtype=np.int64, count=bs)
+        if not full_rows and bs and self._regular(lens, out.size):
+            return self._fill_regular(token_ids, lens, out)
+        n = self._cell_count(lens, full_rows)
+        if n == 0:
             return 0
-        self._scatter(forward_batch.req_pool_indices, cells)
-        return int(cells.shape[1])
+        if 3 * n <= out.size:
+            cells = out[: 3 * n].reshape(3, n)
+        else:
+            cells = self._overflow = np.empty((3, n), dtype=np.int64)
+        self._fill(token_ids, cells)
+        return n
 
-    def _cells(self, token_ids: Sequence[Sequence[int]], full_rows: bool) -> np.ndarray:
-        """int64 [3, cells]: batch row, column, token (-1 past each request's end)."""
+    def _regular(self, lens: np.ndarray, room: int) -> bool:
+        """Every request sends exactly ``window`` tokens and ``window + 1`` pads (the usual decode step)."""
+        span = 2 * self.window + 1
+        return (
+            3 * span * lens.size <= room
+            and int(lens.min()) >= self.window
+            and int(lens.max()) + self.window + 1 <= self.table.shape[1]
+        )
+
+    def _fill_regular(self, token_ids: Sequence[Sequence[int]], lens: np.ndarray, out: np.ndarray) -> int:
+        """The regular case as one [3, bs, 2 * window + 1] grid: a few whole-array numpy writes."""
+        w, bs = self.window, lens.size
+        span = 2 * w + 1
+        cells = out[: 3 * bs * span].reshape(3, bs, span)
+        grid = self._row_grids.get(bs)
+        if grid is None:
+            grid = self._row_grids.put(bs, np.repeat(np.arange(bs, dtype=np.int64)[:, None], span, axis=1))
+        cells[0] = grid
+        np.add((lens - w)[:, None], np.arange(span, dtype=np.int64), out=cells[1])
+        cells[2, :, w:] = -1
+        tails = map(operator.getitem, token_ids, itertools.repeat(slice(-w, None)))
+        cells[2, :, :w] = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=bs * w).reshape(bs, w)
+        return bs * span
+
+    def scatter(self, req_pool_indices: Any, staged: Any, n: int) -> None:
+        """Write the ``n`` cells into the table (device ops only); ``staged`` is the device view of ``out``."""
+        if n == 0:
+            return
+        import torch
+
+        if self._overflow is not None:
+            from canary_instrument.runtime.plan import to_device_async
+
+            dev = to_device_async(torch.from_numpy(self._overflow), self.device)
+            self._overflow = None
+            batch_rows, cols, tokens = dev[0], dev[1], dev[2]
+        else:
+            views = self._cell_views.get(n)
+            if views is None or views[0] is not staged:
+                dev = staged[: 3 * n].view(3, n)
+                views = self._cell_views.put(n, (staged, dev[0], dev[1], dev[2]))
+            _, batch_rows, cols, tokens = views
+        rows = req_pool_indices.index_select(0, batch_rows)
+        self.table.index_put_((rows, cols), tokens)
+
+    def _cell_count(self, lens: np.ndarray, full_rows: bool) -> int:
         width = self.table.shape[1]
-        pad = self.window + 1
-        lens = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
         too_long = np.flatnonzero(lens > width)
         if too_long.size:
             b = int(too_long[0])
@@ -57,22 +124,21 @@ class ExpectedTokenTable:
                 f"kv canary: canary_token_ids[{b}] has {int(lens[b])} tokens; the table holds {width} positions"
             )
         starts = np.zeros_like(lens) if full_rows else np.maximum(lens - self.window, 0)
-        stops = np.minimum(lens + pad, width)
-        values: list[int] = []
-        for tokens, start, n, stop in zip(token_ids, starts.tolist(), lens.tolist(), stops.tolist()):
-            values.extend(tokens[start:n])
-            values.extend([-1] * (stop - n))
+        stops = np.minimum(lens + self.window + 1, width)
+        self._spans = lens, starts, stops
+        return int((stops - starts).sum())
+
+    def _fill(self, token_ids: Sequence[Sequence[int]], cells: np.ndarray) -> None:
+        """cells[0] batch row, cells[1] column, cells[2] token (-1 past each request's end)."""
+        lens, starts, stops = self._spans
+        known = lens - starts
         counts = stops - starts
-        batch_rows = np.repeat(np.arange(len(token_ids), dtype=np.int64), counts)
         first = np.cumsum(counts) - counts
-        cols = starts[batch_rows] + np.arange(batch_rows.size, dtype=np.int64) - first[batch_rows]
-        return np.stack([batch_rows, cols, np.asarray(values, dtype=np.int64)])
-
-    def _scatter(self, req_pool_indices: Any, cells: np.ndarray) -> None:
-        import torch
-
-        from canary_instrument.runtime.plan import to_device_async
-
-        dev = to_device_async(torch.from_numpy(cells), self.device)
-        rows = req_pool_indices.to(torch.int64).index_select(0, dev[0])
-        self.table.index_put_((rows, dev[1]), dev[2])
+        batch_rows = np.repeat(np.arange(len(token_ids), dtype=np.int64), counts)
+        within = np.arange(cells.shape[1], dtype=np.int64) - first[batch_rows]
+        cells[0] = batch_rows
+        np.add(starts[batch_rows], within, out=cells[1])
+        cells[2] = -1
+        tails = map(operator.getitem, token_ids, map(slice, starts.tolist(), lens.tolist()))
+        values = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=int(known.sum()))
+        cells[2][within < known[batch_rows]] = values

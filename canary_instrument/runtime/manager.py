@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
 from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationError, CanaryWiringError
-from canary_instrument.runtime.plan import EXTEND, IDLE, PlanBuffers, forward_kind
+from canary_instrument.runtime.plan import EXTEND, IDLE, PlanBuffers, forward_kind, index_runs
 from canary_instrument.runtime.readback import DelayedReadback, Snapshot
 from canary_instrument.runtime.settings import CanarySettings
+from canary_instrument.runtime.staging import Staging
 from canary_instrument.runtime.state import CanaryState, PlanInputs
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation, decode_records
@@ -134,7 +135,13 @@ class CanaryManager:
         state.group_verified = self._status[_GROUP_VERIFIED]
         state.expected_tokens = expected_tokens.table if expected_tokens is not None else None
         self.state = state
-        self._plans = PlanBuffers(num_single_forward, max_bs, self.device)
+        regions = PlanBuffers.regions(num_single_forward)
+        if expected_tokens is not None:
+            import numpy as np
+
+            regions["token_cells"] = (np.int64, (3 * expected_tokens.staging_cells(max_bs),))
+        self._staging = Staging(regions, self.device)
+        self._plans = PlanBuffers(num_single_forward, max_bs, self._staging)
         self.single_forward_managers = [
             SingleForwardManager(i, self, plan) for i, plan in enumerate(self._plans.plans)
         ]
@@ -278,21 +285,30 @@ class CanaryManager:
         for sfm in sfms:
             sfm._expect((_IDLE,), "with_ops_outside_graph()")
         kind = forward_kind(forward_batch)
-        planned = []
-        try:
-            for sfm in sfms:
-                if self._plans.fill(sfm.index, forward_batch, kind) > 0:
-                    planned.append(sfm)
-            if self._tokens is not None and kind != IDLE:
-                self._tokens.update(forward_batch, full_rows=_may_bring_new_requests(forward_batch, kind))
-        except BaseException:
-            for sfm in sfms:
-                self._plans.disable(sfm.index)
-            raise
-        self._plans.upload()
+        runs = index_runs([sfm.index for sfm in sfms])
+        staging = self._staging
+        staging.begin()
+        bs = self._plans.stage(runs, forward_batch, kind)
+        if bs:
+            cells, used = 0, staging.end("plan_coef")
+            if self._tokens is not None:
+                full_rows = _may_bring_new_requests(forward_batch, kind)
+                host_cells = staging.host("token_cells")
+                cells = self._tokens.stage(forward_batch, full_rows, host_cells)
+                if 0 < 3 * cells <= host_cells.size:
+                    used = staging.offset("token_cells") + host_cells.itemsize * 3 * cells
+            # One copy carries the plan words and, when they fit, the token cells.
+            staging.upload(used)
+            try:
+                self._plans.derive(runs, forward_batch, kind, bs)
+                if cells:
+                    self._tokens.scatter(self._plans.req_pool_indices, staging.device_view("token_cells"), cells)
+            except BaseException:
+                self._plans.disable_on_device()
+                raise
         for sfm in sfms:
             sfm.phase = _PLANNED
-        return planned
+        return sfms if bs else []
 
     def _post_ops_outside_graph(self, sfms, planned, forward_batch, ok: bool) -> None:
         if not self.init_finished:
@@ -301,10 +317,9 @@ class CanaryManager:
             # init on every rank, whatever warm-up each rank ran.
             return
         if sfms and sfms[0].phase != _IDLE:
-            for sfm in sfms:
-                self._plans.disable(sfm.index)
             # Disable before anything can replay the graph again without a fresh plan.
-            self._plans.upload()
+            if planned:
+                self._plans.disable_on_device()
             phases = [(s.index, s.phase) for s in sfms]
             for sfm in sfms:
                 sfm.phase = _IDLE

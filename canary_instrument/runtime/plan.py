@@ -1,14 +1,20 @@
 """Per-sub-forward plan inputs: static device buffers filled outside the graph from the real batch.
 
 The kernels read sizes and the enable flag from device memory, so a captured CUDA graph
-replays correctly with a different batch. Filling uses only device-to-device ops and one
-host-to-device copy of the small control block (batch size, enable flags): no host sync.
+replays correctly with a different batch. Per step the host writes the control words (request
+count, enable flag) and two coefficients per sub-forward into the runner's staging buffer
+(one host-to-device copy for everything, ``staging.py``); the device then derives every listed
+sub-forward's lengths from the batch's own tensors in one op, whatever their number. No host sync.
 """
+
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from canary_instrument.runtime.staging import BoundedCache
 from canary_instrument.runtime.state import PlanInputs
 
 DECODE = "decode"
@@ -49,73 +55,123 @@ def draft_token_count(forward_batch: Any) -> int:
 
 
 class PlanBuffers:
-    """The PlanInputs of every sub-forward, plus a host mirror of their control words."""
+    """The PlanInputs of every sub-forward; control words and coefficients live in the staging buffer."""
 
-    def __init__(self, num_single_forward: int, max_bs: int, device: Any):
+    def __init__(self, num_single_forward: int, max_bs: int, staging: Any):
         import torch
 
-        self.device = torch.device(device)
+        self.staging = staging
+        self.device = staging.device
         self.max_bs = int(max_bs)
-        # Column 0: num_reqs, column 1: enabled; one block so one copy updates every sub-forward.
-        self.control = torch.zeros((num_single_forward, 2), dtype=torch.int32, device=self.device)
-        self._mirror = torch.zeros((num_single_forward, 2), dtype=torch.int32)
+        k = int(num_single_forward)
+        # [k, 2] int32: column 0 num_reqs, column 1 enabled.
+        self.control = staging.device_view("plan_control")
+        # [2, 2, k] int32: (scale, offset) x (prefix, extend): len = scale * seq_len + offset.
+        coef = staging.device_view("plan_coef")
+        self._scale, self._offset = coef[0], coef[1]
+        # One outside context plans all its listed sub-forwards from one batch and disables them
+        # at exit, so they can share one req-pool index buffer.
+        self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
+        self.lens = torch.zeros((2, k, self.max_bs), dtype=torch.int32, device=self.device)
+        self._decode_offsets = np.arange(k, dtype=np.int32) - 1
+        self._views = BoundedCache()  # (runs, bs) -> the device views derive() writes through
         self.plans = [
             PlanInputs(
                 num_reqs=self.control[i, 0:1],
-                req_pool_indices=torch.zeros(self.max_bs, dtype=torch.int64, device=self.device),
-                prefix_lens=torch.zeros(self.max_bs, dtype=torch.int32, device=self.device),
-                extend_lens=torch.zeros(self.max_bs, dtype=torch.int32, device=self.device),
+                req_pool_indices=self.req_pool_indices,
+                prefix_lens=self.lens[0, i],
+                extend_lens=self.lens[1, i],
                 enabled=self.control[i, 1:2],
             )
-            for i in range(num_single_forward)
+            for i in range(k)
         ]
 
-    def fill(self, index: int, forward_batch: Any, kind: str) -> int:
-        """Write sub-forward ``index``'s plan for the real (unpadded) batch; returns its request count."""
+    @staticmethod
+    def regions(num_single_forward: int) -> dict:
+        k = int(num_single_forward)
+        return {"plan_control": (np.int32, (k, 2)), "plan_coef": (np.int32, (2, 2, k))}
+
+    def stage(self, runs: list[tuple[int, int]], forward_batch: Any, kind: str) -> int:
+        """Write the control words and coefficients of the sub-forwards in ``runs`` (host only);
+        returns the request count. ``runs`` are [lo, hi) index ranges (``index_runs``)."""
+        control = self.staging.host("plan_control")
+        control[:] = 0
         if kind == IDLE:
-            self._mirror[index] = 0
             return 0
         bs = int(forward_batch.batch_size)
         if bs > self.max_bs:
             raise ValueError(f"kv canary: batch of {bs} requests exceeds the canary plan capacity {self.max_bs}")
-        plan = self.plans[index]
-        plan.req_pool_indices[:bs].copy_(forward_batch.req_pool_indices[:bs], non_blocking=True)
-        if kind == DECODE:
-            # Sub-forward i of a multi-step draft writes position seq_len - 1 + i.
-            import torch
-
-            torch.add(forward_batch.seq_lens[:bs], index - 1, out=plan.prefix_lens[:bs])
-            plan.extend_lens[:bs].fill_(1)
-        elif kind == TARGET_VERIFY:
-            plan.prefix_lens[:bs].copy_(forward_batch.seq_lens[:bs], non_blocking=True)
-            plan.extend_lens[:bs].fill_(draft_token_count(forward_batch))
-        else:
-            plan.prefix_lens[:bs].copy_(forward_batch.extend_prefix_lens[:bs], non_blocking=True)
-            plan.extend_lens[:bs].copy_(forward_batch.extend_seq_lens[:bs], non_blocking=True)
-        self._mirror[index, 0] = bs
-        self._mirror[index, 1] = 1
+        coef = self.staging.host("plan_coef")
+        count = draft_token_count(forward_batch) if kind == TARGET_VERIFY else 0
+        for lo, hi in runs:
+            control[lo:hi] = (bs, 1)
+            coef[0, 0, lo:hi] = 1  # prefix = seq_len + offset
+            coef[0, 1, lo:hi] = 0  # extend = offset
+            if kind == DECODE:
+                # Sub-forward i of a multi-step draft writes position seq_len - 1 + i.
+                coef[1, 0, lo:hi] = self._decode_offsets[lo:hi]
+                coef[1, 1, lo:hi] = 1
+            elif kind == TARGET_VERIFY:
+                coef[1, 0, lo:hi] = 0
+                coef[1, 1, lo:hi] = count
         return bs
 
-    def disable(self, index: int) -> None:
-        self._mirror[index] = 0
+    def derive(self, runs: list[tuple[int, int]], forward_batch: Any, kind: str, bs: int) -> None:
+        """Fill the listed sub-forwards' device buffers from the batch (after the staging upload)."""
+        import torch
 
-    def upload(self) -> None:
-        """Send the control words to the device (pinned + non_blocking on CUDA; no host sync)."""
-        if self.device.type == "cuda":
-            self.control.copy_(_to_pinned(self._mirror), non_blocking=True)
+        if bs == 0:
+            return
+        views = self._views.get((tuple(runs), bs))
+        if views is None:
+            views = self._views.put((tuple(runs), bs), self._make_views(runs, bs))
+        rpi, per_run = views
+        rpi.copy_(_first(forward_batch.req_pool_indices, bs), non_blocking=True)
+        if kind == EXTEND:
+            prefix_src = _first(forward_batch.extend_prefix_lens, bs)
+            extend_src = _first(forward_batch.extend_seq_lens, bs)
+            for _, _, _, prefix, extend in per_run:
+                prefix.copy_(prefix_src, non_blocking=True)
+                extend.copy_(extend_src, non_blocking=True)
         else:
-            self.control.copy_(self._mirror)
+            seq_lens = _first(forward_batch.seq_lens, bs)
+            for lens, offset, scale, _, _ in per_run:
+                torch.addcmul(offset, seq_lens, scale, out=lens)
+
+    def _make_views(self, runs: list[tuple[int, int]], bs: int) -> tuple:
+        per_run = [
+            (self.lens[:, lo:hi, :bs], self._offset[:, lo:hi, None], self._scale[:, lo:hi, None],
+             self.lens[0, lo:hi, :bs], self.lens[1, lo:hi, :bs])
+            for lo, hi in runs
+        ]
+        return self.req_pool_indices[:bs], per_run
+
+    def disable_on_device(self) -> None:
+        """Every sub-forward off (a device op; no host copy), before anything can replay without a fresh plan."""
+        self.control.zero_()
 
 
-def _to_pinned(host_tensor: Any) -> Any:
-    """A pinned copy: torch's caching host allocator keeps it alive until the async copy is done."""
-    return host_tensor.pin_memory()
+def _first(tensor: Any, n: int) -> Any:
+    """``tensor[:n]``, skipping the slice (host time) when the batch tensor is exactly that long."""
+    return tensor if tensor.shape[0] == n else tensor[:n]
+
+
+def index_runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Consecutive index runs as [lo, hi) pairs: one device op per run (one for range(k))."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(indices):
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def to_device_async(host_tensor: Any, device: Any) -> Any:
+    """A device copy of a host tensor; pinned and non-blocking on CUDA (torch's caching host
+    allocator keeps the pinned copy alive until the copy is done)."""
     import torch
 
     if torch.device(device).type == "cpu":
         return host_tensor
-    return _to_pinned(host_tensor).to(device, non_blocking=True)
-
+    return host_tensor.pin_memory().to(device, non_blocking=True)

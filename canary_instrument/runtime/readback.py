@@ -4,7 +4,8 @@ At the end of step N the main stream copies the small status vector (ring count,
 counters, verify counts, SWA divergence) into a snapshot buffer; a side stream waits for
 that and copies it into pinned host memory. The host reads it at the end of step N+1, by
 which time the copy is normally long done, so the main stream never waits for the host.
-On CPU the same structure holds with plain copies.
+On CPU the same structure holds with plain copies. Per step that is one device-to-device copy
+and one device-to-host copy; the events are created once and re-recorded.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any, Optional
 class _Slot:
     device_copy: Any
     host_copy: Any
-    main_done: Any = None  # event on the main stream after the snapshot copy
-    host_done: Any = None  # event on the side stream after the D2H copy
+    main_done: Any = None  # event on the main stream after the snapshot copy (created once, re-recorded)
+    host_done: Any = None  # event on the side stream after the D2H copy (created once, re-recorded)
     tag: Any = None
+    recorded: bool = False
 
 
 @dataclass
@@ -41,9 +43,15 @@ class DelayedReadback:
         self._side = torch.cuda.Stream(device=status.device) if self.cuda else None
         pin = self.cuda
         self._slots = [
-            _Slot(device_copy=torch.zeros_like(status), host_copy=torch.zeros(status.shape, dtype=status.dtype, pin_memory=pin))
+            _Slot(
+                device_copy=torch.zeros_like(status),
+                host_copy=torch.zeros(status.shape, dtype=status.dtype, pin_memory=pin),
+                main_done=torch.cuda.Event() if self.cuda else None,
+                host_done=torch.cuda.Event() if self.cuda else None,
+            )
             for _ in range(2)
         ]
+        self._ring_done = torch.cuda.Event() if self.cuda else None
         self._ring_host = torch.zeros(ring.shape, dtype=ring.dtype, pin_memory=pin)
         self._next = 0
         self._pending: list[_Slot] = []
@@ -59,15 +67,16 @@ class DelayedReadback:
         slot.tag = tag
         if self.cuda:
             slot.device_copy.copy_(self.status)
-            slot.main_done = torch.cuda.Event()
             slot.main_done.record()
             with torch.cuda.stream(self._side):
                 self._side.wait_event(slot.main_done)
                 slot.host_copy.copy_(slot.device_copy, non_blocking=True)
-                slot.host_done = torch.cuda.Event()
                 slot.host_done.record(self._side)
+            slot.recorded = True
         else:
-            slot.host_copy.copy_(self.status)
+            # The same two copies as on CUDA, so op counts measured on CPU hold there.
+            slot.device_copy.copy_(self.status)
+            slot.host_copy.copy_(slot.device_copy)
         self._pending.append(slot)
 
     def pending(self) -> int:
@@ -78,7 +87,7 @@ class DelayedReadback:
         if not self._pending:
             return None
         slot = self._pending.pop(0)
-        if slot.host_done is not None:
+        if slot.recorded:
             slot.host_done.synchronize()
         return Snapshot(tag=slot.tag, values=slot.host_copy.tolist(), _slot=slot)
 
@@ -87,13 +96,12 @@ class DelayedReadback:
         import torch
 
         slot = snapshot._slot
-        if not self.cuda or slot is None or slot.main_done is None:
+        if not self.cuda or slot is None or not slot.recorded:
             self._ring_host.copy_(self.ring)
             return self._ring_host.clone()
         with torch.cuda.stream(self._side):
             self._side.wait_event(slot.main_done)
             self._ring_host.copy_(self.ring, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self._side)
-        done.synchronize()
+            self._ring_done.record(self._side)
+        self._ring_done.synchronize()
         return self._ring_host.clone()
