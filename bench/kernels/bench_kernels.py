@@ -181,47 +181,21 @@ def copy_bandwidth() -> float:
     return 2 * n * 8 / (ms * 1e-3)
 
 
-CONFIGS = [(512, 8, 8), (256, 4, 16), (256, 8, 8), (128, 4, 16), (128, 2, 32)]  # (BLOCK, num_warps, programs/SM)
-
-# Template experiments: (old text, new text) patched into a copy of templates/ and rendered into a
-# scratch folder; the sweep reports them beside the committed kernels.
+CONFIGS = [(256, 4, 16), (128, 4, 16), (128, 2, 32), (256, 8, 8)]  # (BLOCK, num_warps, programs/SM)
+# Kernel variants, switched by constexpr launch arguments (tests/kernels check each against the reference).
 VARIANTS = {
-    "vector_rows": (
-        "    token = tl.load(rows_ptr + slot * ROW + 0, mask=mask, other=0)\n"
-        "    position = tl.load(rows_ptr + slot * ROW + 1, mask=mask, other=0)\n"
-        "    link = tl.load(rows_ptr + slot * ROW + 2, mask=mask, other=0)\n"
-        "    fp = tl.load(rows_ptr + slot * ROW + 3, mask=mask, other=0)\n",
-        "    tile = tl.load(rows_ptr + slot[:, None] * ROW + tl.arange(0, ROW)[None, :], mask=mask[:, None], other=0)\n"
-        "    even, odd = tl.split(tl.reshape(tile, (BLOCK, 2, 2)))\n"
-        "    token, link = tl.split(even)\n"
-        "    position, fp = tl.split(odd)\n",
-    ),
+    "reload_pred": dict(pred_shift=False, v_from_k=False),  # the predecessor row gathered again per lane
+    "shift_pred": dict(pred_shift=True, v_from_k=False),  # predecessor link from the neighbouring lane
+    "shift_pred_v_from_k": dict(pred_shift=True, v_from_k=True),  # ... and V reuses K's hash where equal
 }
+CATCH_TILES = (1024, 2048, 4096)
+WRITE_TOKENS = 16384
 
 
-def variant_dir(name):
-    import shutil
-    import tempfile
-
-    from canary_instrument.codegen.build import render_kernels
-
-    repo = Path(__file__).resolve().parents[2]
-    work = Path(tempfile.mkdtemp(prefix=f"canary_{name}_"))
-    shutil.copytree(repo / "templates", work / "templates")
-    template = work / "templates" / "canary.py.jinja"
-    old, new = VARIANTS[name]
-    text = template.read_text()
-    if old not in text:
-        raise ValueError(f"variant {name}: patch anchor not found in the template")
-    template.write_text(text.replace(old, new))
-    render_kernels(work / "templates", work / "kernels")
-    return work / "kernels"
-
-
-def make_ops(config, kernel_dir=None):
+def make_ops(config, variant, **extra):
     block, warps, per_sm = config
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm, kernel_dir=kernel_dir)
+    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm, **VARIANTS[variant], **extra)
 
 
 def tune(results, copy_bw):
@@ -229,40 +203,37 @@ def tune(results, copy_bw):
     (contiguous, realkv=none) and the latency-bound 8 x 16384 decode (pre + post). Returns the
     fastest verify configuration (for the bandwidth table) and the one with the lowest worst-case
     share of attention time over both ends (for everything else). Template variants are measured
-    on the verify, for the record."""
+    and kernel variants are swept together."""
     big_att = 64 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
     small_att = 8 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
     state, plan, ids = build("mha", "none", 64, 16385)
     plan.extend_lens.zero_()
     small_state, small_plan, small_ids = build("mha", "none", 8, 16384)
     rows = []
-    for variant in [None] + list(VARIANTS):
-        kdir = variant_dir(variant) if variant else None
+    for variant in VARIANTS:
         for config in CONFIGS:
-            ops = make_ops(config, kdir)
+            ops = make_ops(config, variant)
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
-            row = dict(variant=variant or "committed", block=config[0], num_warps=config[1],
-                       programs_per_sm=config[2], us=ms * 1e3, violations=int(state.ring_count[0]))
-            if variant is None:
 
-                def forward():
-                    ops.pre_forward(small_state, small_plan, small_ids)
-                    ops.post_forward(small_state, small_plan)
+            def forward():
+                ops.pre_forward(small_state, small_plan, small_ids)
+                ops.post_forward(small_state, small_plan)
 
-                small_ms = bench_graph(forward)
-                row["small_us"] = small_ms * 1e3
-                row["score"] = max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att)
+            small_ms = bench_graph(forward)
+            row = dict(variant=variant, block=config[0], num_warps=config[1], programs_per_sm=config[2],
+                       us=ms * 1e3, small_us=small_ms * 1e3,
+                       score=max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att),
+                       violations=int(state.ring_count[0]) + int(small_state.ring_count[0]))
             rows.append(row)
             log("tune", row)
-    committed = [r for r in rows if r["variant"] == "committed"]
-    verify_best = min(committed, key=lambda r: r["us"])
-    forward_best = min(committed, key=lambda r: r["score"])
+    verify_best = min(rows, key=lambda r: r["us"])
+    forward_best = min(rows, key=lambda r: r["score"])
     results["tuning"] = rows
     results["verify_config"] = verify_best
     results["config"] = forward_best
     del state, plan, small_state, small_plan
     torch.cuda.empty_cache()
-    pick = lambda r: (r["block"], r["num_warps"], r["programs_per_sm"])  # noqa: E731
+    pick = lambda r: ((r["block"], r["num_warps"], r["programs_per_sm"]), r["variant"])  # noqa: E731
     return pick(verify_best), pick(forward_best)
 
 
@@ -273,7 +244,7 @@ def verify_bandwidth(copy_bw, results, config):
             reqs, ctx = 64, 16385  # 64 x 16384 = 1,048,576 verified positions, K and V halves
             state, plan, ids = build("mha", realkv, reqs, ctx, scattered=scattered)
             plan.extend_lens.zero_()  # verify only
-            ops = make_ops(config)
+            ops = make_ops(*config)
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
             positions = reqs * (ctx - 1)
             per_pos = 4 + 8 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
@@ -289,8 +260,9 @@ def verify_bandwidth(copy_bw, results, config):
     results["verify"] = out
 
 
-def write_vs_serial(results):
-    tokens = 16384
+def write_vs_serial(results, config):
+    """The 16k-token write under the chosen launch configuration at each catch-up tile width."""
+    tokens = WRITE_TOKENS
     state, plan, _ = build("mla", "none", 1, 2, v_half=False)
     r2t = torch.arange(1, tokens + 1, device=DEV, dtype=torch.int32).view(1, tokens)
     rows = torch.zeros((tokens + 1, 4), dtype=torch.int64, device=DEV)
@@ -300,9 +272,6 @@ def write_vs_serial(results):
     plan.prefix_lens.zero_()
     plan.extend_lens.fill_(tokens)
     ids = torch.randint(0, 128_000, (tokens,), device=DEV)
-    ops = TritonCanaryOps()
-    parallel_ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
-    parallel_rows = rows.clone()
     serial_rows = torch.zeros_like(rows)
 
     def serial():
@@ -310,11 +279,17 @@ def write_vs_serial(results):
                                  plan.extend_lens, serial_rows)
 
     serial_ms = bench_graph(serial)
-    same = bool(torch.equal(serial_rows[1:], parallel_rows[1:]))
-    row = dict(tokens=tokens, parallel_us=parallel_ms * 1e3, serial_us=serial_ms * 1e3,
-               speedup=serial_ms / parallel_ms, rows_identical=same)
-    log("write", row)
-    results["write_16k"] = row
+    out = []
+    for catch in CATCH_TILES:
+        rows.zero_()
+        ops = make_ops(*config, catch=catch)
+        parallel_ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+        same = bool(torch.equal(serial_rows[1:], rows[1:]))
+        row = dict(tokens=tokens, block=config[0][0], catch=catch, parallel_us=parallel_ms * 1e3,
+                   serial_us=serial_ms * 1e3, speedup=serial_ms / parallel_ms, rows_identical=same)
+        log("write", row)
+        out.append(row)
+    results["write_16k"] = out
 
 
 def vs_reference(results, config):
@@ -322,7 +297,7 @@ def vs_reference(results, config):
     for layout in ("mha", "mla", "swa"):
         reqs, ctx = 64, 4096
         state, plan, ids = build(layout, "partial", reqs, ctx, window=1024)
-        ops = make_ops(config)
+        ops = make_ops(*config)
         for name in ("pre_forward", "post_forward"):
             if name == "pre_forward":
                 kernel = lambda: ops.pre_forward(state, plan, ids)  # noqa: E731
@@ -346,7 +321,7 @@ def scaling(copy_bw, results, realkv_modes, config):
     for realkv in realkv_modes:
         for reqs, ctx in SCALING:
             state, plan, ids = build("mha", realkv, reqs, ctx)
-            ops = make_ops(config) if realkv != "all" else TritonCanaryOps()
+            ops = make_ops(*config) if realkv != "all" else TritonCanaryOps(**VARIANTS[config[1]])
 
             def forward():
                 ops.pre_forward(state, plan, ids)
@@ -397,17 +372,24 @@ def main():
     copy_bw = copy_bandwidth()
     results["copy_tb_s"] = copy_bw / 1e12
     log("copy bandwidth TB/s", copy_bw / 1e12)
-    if "write" in args.only:
-        write_vs_serial(results)
+    def save():  # after every section, so a run cut short still returns what it measured
+        results["seconds"] = time.time() - start
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+
     verify_config, config = tune(results, copy_bw)
+    save()
+    if "write" in args.only:
+        write_vs_serial(results, config)
+        save()
     if "verify" in args.only:
         verify_bandwidth(copy_bw, results, verify_config)
+        save()
     if "scaling" in args.only:
         scaling(copy_bw, results, ("none", "partial", "all"), config)
+        save()
     if "reference" in args.only:
         vs_reference(results, config)
-    results["seconds"] = time.time() - start
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        save()
     if "scaling" in results:
         plot(results, args.out / "scaling.png")
     log("done in", results["seconds"], "s")

@@ -40,18 +40,19 @@ def main(path: str) -> None:
     if "config" in r:
         c, v = r["config"], r["verify_config"]
         lines += [
-            "Launch configurations: the verify-bandwidth table uses the fastest 1M-position verify "
-            f"(BLOCK={v['block']}, num_warps={v['num_warps']}, {v['programs_per_sm']} programs/SM); every other "
-            "figure (except realkv=all, which uses the runtime default) uses the configuration with the lowest "
-            "worst-case share of attention time over both ends of the scaling table "
-            f"(BLOCK={c['block']}, num_warps={c['num_warps']}, {c['programs_per_sm']} programs/SM). "
-            "The `vector_rows` variant loads each canary row as one 32-byte tile split into fields (measured, "
-            "not shipped).",
+            "Launch configurations and kernel variants: the verify-bandwidth table uses the fastest 1M-position "
+            f"verify (variant {v['variant']}, BLOCK={v['block']}, num_warps={v['num_warps']}, "
+            f"{v['programs_per_sm']} programs/SM); every other figure (realkv=all: its runtime BLOCK) uses the one "
+            "with the lowest worst-case share of attention time over both ends of the scaling table "
+            f"(variant {c['variant']}, BLOCK={c['block']}, num_warps={c['num_warps']}, {c['programs_per_sm']} "
+            "programs/SM). Variants: `reload_pred` gathers each lane's predecessor row again; `shift_pred` takes "
+            "the predecessor's link from the neighbouring lane (`tl.gather`), the tile's first lane from one "
+            "scalar row; `shift_pred_v_from_k` also lets the V half reuse K's hash where its row equals K's.",
             "",
-            table(["kernels", "BLOCK", "num_warps", "programs/SM", "1M-position verify (us)",
-                   "8 x 16384 pre + post (us)"],
+            table(["variant", "BLOCK", "num_warps", "programs/SM", "1M-position verify (us)",
+                   "8 x 16384 pre + post (us)", "violations"],
                   [(t["variant"], t["block"], t["num_warps"], t["programs_per_sm"], f"{t['us']:.1f}",
-                    f"{t['small_us']:.1f}" if "small_us" in t else "") for t in r["tuning"]]),
+                    f"{t['small_us']:.1f}", t["violations"]) for t in r["tuning"]]),
             "",
         ]
     if "verify" in r:
@@ -70,17 +71,19 @@ def main(path: str) -> None:
             "",
         ]
     if "write_16k" in r:
-        w = r["write_16k"]
+        writes = r["write_16k"]
         lines += [
             "## 16k-token single-request write vs a serial per-request chain",
             "",
             "Baseline (`serial_chain_write` in bench_kernels.py): one Triton program per request walks its tokens"
             " one by one, as upstream's one-thread-per-request CUDA kernel does. Ours: the pre-forward pass"
-            " (scan of affine maps). Bar: >= 50x.",
+            " (scan of affine maps in BLOCK-wide chunks; each chunk composes the maps of the chunks before it"
+            " CATCH lanes at a time). Bar: >= 50x.",
             "",
-            table(["tokens", "parallel (us)", "serial (us)", "speedup", "rows identical", "bar"],
-                  [(w["tokens"], f"{w['parallel_us']:.1f}", f"{w['serial_us']:.1f}", f"{w['speedup']:.0f}x",
-                    w["rows_identical"], verdict(w["speedup"] >= 50 and w["rows_identical"]))]),
+            table(["tokens", "BLOCK", "CATCH", "parallel (us)", "serial (us)", "speedup", "rows identical", "bar"],
+                  [(w["tokens"], w["block"], w["catch"], f"{w['parallel_us']:.1f}", f"{w['serial_us']:.1f}",
+                    f"{w['speedup']:.0f}x", w["rows_identical"], verdict(w["speedup"] >= 50 and w["rows_identical"]))
+                   for w in writes]),
             "",
         ]
     if "vs_reference" in r:

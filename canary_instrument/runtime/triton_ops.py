@@ -18,10 +18,15 @@ from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
 from .state import CanaryState, PlanInputs
 
-DEFAULT_BLOCK = 256  # with 4 warps and 16 programs per SM: see bench/kernels/RESULTS.md
+# Launch defaults: the fastest configuration measured in bench/kernels/RESULTS.md.
+DEFAULT_BLOCK = 128
+DEFAULT_WARPS = 4
+PROGRAMS_PER_SM = 16
+DEFAULT_CATCH = 2048  # lanes per step when a write chunk composes the maps of the chunks before it
+DEFAULT_PRED_SHIFT = True  # predecessor link from the neighbouring lane (False: reload its row)
+DEFAULT_V_FROM_K = True  # V half reuses K's hash where its row matches K's
 FULL_ROW_BLOCK = 128  # realkv=all fingerprints whole rows: smaller slot tiles keep registers in check
 MAX_FP_CHUNK = 32
-PROGRAMS_PER_SM = 16
 
 
 def kernels_dir() -> Path:
@@ -85,10 +90,17 @@ class TritonCanaryOps:
     name = "triton"
 
     def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, catch: int | None = None, pred_shift: bool | None = None,
+                 v_from_k: bool | None = None):
+        for name, value in (("block", block), ("catch", catch)):
+            if value is not None and (value < 2 or value & (value - 1)):
+                raise ValueError(f"TritonCanaryOps({name}={value}): must be a power of two >= 2")
         self.block = block
         self.programs = programs
         self.num_warps = num_warps
+        self.catch = catch
+        self.pred_shift = DEFAULT_PRED_SHIFT if pred_shift is None else pred_shift
+        self.v_from_k = DEFAULT_V_FROM_K if v_from_k is None else v_from_k
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
@@ -153,7 +165,10 @@ class TritonCanaryOps:
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
-                num_warps=self.num_warps or (8 if block >= 1024 else 4),
+                CATCH=self.catch or DEFAULT_CATCH,
+                PRED_SHIFT=self.pred_shift,
+                V_FROM_K=self.v_from_k,
+                num_warps=self.num_warps or (8 if block >= 1024 else DEFAULT_WARPS),
             )
         except Exception as exc:
             raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])

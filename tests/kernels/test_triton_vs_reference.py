@@ -23,6 +23,12 @@ from .faults import FAULTS, inject
 from .scenario import make_scenario, to_device, violations
 
 BLOCK = 8  # small tiles: requests span several verify blocks and write chunks
+CATCH = 4  # narrower than BLOCK: a later write chunk composes the earlier ones in several steps
+# Kernel variants (predecessor link from the neighbouring lane, V half reusing K's hash): the
+# shipped defaults and the alternatives the benchmark measures must all match the reference.
+VARIANTS = {"reload_pred": dict(pred_shift=False, v_from_k=False),
+            "shift_pred": dict(pred_shift=True, v_from_k=False),
+            "shift_pred_v_from_k": dict(pred_shift=True, v_from_k=True)}
 LAYOUT_HALVES = [("mha", True), ("mha", False), ("mla", False), ("swa", True), ("swa", False)]
 CASES = [
     (layout, v_half, realkv, offset)
@@ -33,8 +39,8 @@ CASES = [
 ]
 
 
-def _ops():
-    return TritonCanaryOps(block=BLOCK, programs=3)
+def _ops(variant="shift_pred_v_from_k", **overrides):
+    return TritonCanaryOps(**{"block": BLOCK, "programs": 3, "catch": CATCH, **VARIANTS[variant], **overrides})
 
 
 def assert_same(kernel_state, ref_state):
@@ -60,20 +66,57 @@ def run_both(sc, ops, passes=("pre", "post")):
     return sc, ref
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("layout,v_half,realkv,token_offset", CASES)
-def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, token_offset):
+def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, token_offset, variant):
     # 3 real requests in a 5-wide graph batch (padding entries hold junk), request 1 shares request
     # 0's prefix slots, one request has an empty prefix, one writes 3 chunks; SWA evicts beyond W=6.
     sc = make_scenario(layout, realkv, v_half, seed=7, num_reqs=3, max_bs=5, prefix_lens=[13, 9, 0],
                        extend_lens=[2, 1, 19], token_offset=token_offset, swa_window=6, max_context=48,
                        full_slots=160, swa_slots=96, device=device)
-    run_both(sc, _ops())
+    run_both(sc, _ops(variant))
     assert violations(sc.state) == []
     # Step 2: all rows written above are prefix now and must verify clean, fingerprints included.
     sc.plan.prefix_lens[:3] += sc.plan.extend_lens[:3]
     sc.plan.extend_lens[:3] = 0
-    run_both(sc, _ops(), passes=("pre",))
+    run_both(sc, _ops(variant), passes=("pre",))
     assert violations(sc.state) == []
+
+
+@pytest.mark.parametrize("block,catch", [(8, 4), (8, 32), (16, 16)])
+def test_long_write_matches_the_serial_chain(device, block, catch):
+    # One request writes 70 tokens after a 5-token prefix: 9 chunks of 8, so the last chunk composes
+    # 64 earlier maps in 16, 2 or 4 catch-up steps; the rows must be the serial chain's.
+    sc = make_scenario("mla", "none", False, seed=5, num_reqs=1, max_bs=1, prefix_lens=[5], extend_lens=[70],
+                       max_context=80, full_slots=96, device=device)
+    run_both(sc, _ops(block=block, catch=catch))
+    assert violations(sc.state) == []
+    sc.plan.prefix_lens[:1] += sc.plan.extend_lens[:1]
+    sc.plan.extend_lens[:1] = 0
+    run_both(sc, _ops(block=block, catch=catch), passes=("pre",))
+    assert violations(sc.state) == []
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_v_rows_that_differ_from_k_are_reported_identically(device, layout, variant):
+    # Corrupt only V rows (token, position, link of a few slots, one tile-first lane among them), so the
+    # V half cannot lean on K's hash there, and a K row whose V twin stays intact.
+    sc = make_scenario(layout, "none", True, seed=11, num_reqs=2, max_bs=3, prefix_lens=[21, 17], extend_lens=[1, 2],
+                       swa_window=12, max_context=40, full_slots=128, swa_slots=96, share_prefix=False)
+    r2t = sc.state.req_to_token
+    v_groups = [g for g in sc.state.groups if g.half == 1]
+    pool = int(sc.plan.req_pool_indices[0])
+    for field, pos in ((0, 3), (1, 8), (2, 16), (2, 19)):
+        slot = int(r2t[pool, pos])
+        for g in v_groups:
+            row_slot = slot if g.group == 0 else int(sc.state.swa_mapping[slot])
+            if row_slot > 0:
+                g.rows[row_slot, field] ^= 1 << 40
+    sc.state.groups[0].rows[int(r2t[int(sc.plan.req_pool_indices[1]), 9]), 2] += 1
+    sc = to_device(sc, device)
+    run_both(sc, _ops(variant))
+    assert {r[1] for r in violations(sc.state)} >= {1, 0}
 
 
 @pytest.mark.parametrize("layout", ["mha", "swa"])
@@ -98,9 +141,10 @@ EXPECTED_BITS = {
 }
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_faults_reported_identically_with_the_right_reason(device, layout, fault):
+def test_faults_reported_identically_with_the_right_reason(device, layout, fault, variant):
     sc = make_scenario(layout, "partial", seed=21, num_reqs=3, max_bs=4, prefix_lens=[14, 9, 11],
                        extend_lens=[3, 1, 0], unfingerprinted=0.0, swa_window=6, max_context=40,
                        full_slots=128, swa_slots=64)
@@ -108,7 +152,7 @@ def test_faults_reported_identically_with_the_right_reason(device, layout, fault
     if target is None:
         pytest.skip(f"{fault} needs a layout with an SWA group; {layout} has none")
     sc = to_device(sc, device)
-    run_both(sc, _ops())
+    run_both(sc, _ops(variant))
     hits = [r for r in violations(sc.state) if (r[1], r[3], r[7]) == target.key]
     assert hits and hits[0][6] & EXPECTED_BITS[fault], (fault, target, violations(sc.state))
 
