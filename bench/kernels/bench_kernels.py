@@ -199,42 +199,44 @@ def make_ops(config, variant, **extra):
 
 
 def tune(results, copy_bw):
-    """Sweep launch configurations on the two ends of the scaling table: a 1M-position verify
-    (contiguous, realkv=none) and the latency-bound 8 x 16384 decode (pre + post). Returns the
-    fastest verify configuration (for the bandwidth table) and the one with the lowest worst-case
-    share of attention time over both ends (for everything else). Template variants are measured
-    and kernel variants are swept together."""
+    """Sweep launch configurations and kernel variants, per real-KV mode (none, partial), on the
+    two ends of the scaling table: a 1M-position verify (contiguous) and the latency-bound 8 x 16384
+    decode (pre + post). Per mode, returns the fastest verify (for the bandwidth table) and the one
+    with the lowest worst-case share of attention time over both ends (for everything else)."""
     big_att = 64 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
     small_att = 8 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
-    state, plan, ids = build("mha", "none", 64, 16385)
-    plan.extend_lens.zero_()
-    small_state, small_plan, small_ids = build("mha", "none", 8, 16384)
-    rows = []
-    for variant in VARIANTS:
-        for config in CONFIGS:
-            ops = make_ops(config, variant)
-            ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
-
-            def forward():
-                ops.pre_forward(small_state, small_plan, small_ids)
-                ops.post_forward(small_state, small_plan)
-
-            small_ms = bench_graph(forward)
-            row = dict(variant=variant, block=config[0], num_warps=config[1], programs_per_sm=config[2],
-                       us=ms * 1e3, small_us=small_ms * 1e3,
-                       score=max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att),
-                       violations=int(state.ring_count[0]) + int(small_state.ring_count[0]))
-            rows.append(row)
-            log("tune", row)
-    verify_best = min(rows, key=lambda r: r["us"])
-    forward_best = min(rows, key=lambda r: r["score"])
-    results["tuning"] = rows
-    results["verify_config"] = verify_best
-    results["config"] = forward_best
-    del state, plan, small_state, small_plan
-    torch.cuda.empty_cache()
+    rows, verify_pick, forward_pick = [], {}, {}
     pick = lambda r: ((r["block"], r["num_warps"], r["programs_per_sm"]), r["variant"])  # noqa: E731
-    return pick(verify_best), pick(forward_best)
+    for realkv in ("none", "partial"):
+        state, plan, ids = build("mha", realkv, 64, 16385)
+        plan.extend_lens.zero_()
+        small_state, small_plan, small_ids = build("mha", realkv, 8, 16384)
+        mode_rows = []
+        for variant in VARIANTS:
+            for config in CONFIGS:
+                ops = make_ops(config, variant)
+                ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+
+                def forward():
+                    ops.pre_forward(small_state, small_plan, small_ids)
+                    ops.post_forward(small_state, small_plan)
+
+                small_ms = bench_graph(forward)
+                row = dict(realkv=realkv, variant=variant, block=config[0], num_warps=config[1],
+                           programs_per_sm=config[2], us=ms * 1e3, small_us=small_ms * 1e3,
+                           score=max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att),
+                           violations=int(state.ring_count[0]) + int(small_state.ring_count[0]))
+                mode_rows.append(row)
+                log("tune", row)
+        rows += mode_rows
+        verify_pick[realkv] = min(mode_rows, key=lambda r: r["us"])
+        forward_pick[realkv] = min(mode_rows, key=lambda r: r["score"])
+        del state, plan, small_state, small_plan
+        torch.cuda.empty_cache()
+    results["tuning"] = rows
+    results["verify_config"] = verify_pick
+    results["config"] = forward_pick
+    return ({k: pick(v) for k, v in verify_pick.items()}, {k: pick(v) for k, v in forward_pick.items()})
 
 
 def verify_bandwidth(copy_bw, results, config):
@@ -244,7 +246,7 @@ def verify_bandwidth(copy_bw, results, config):
             reqs, ctx = 64, 16385  # 64 x 16384 = 1,048,576 verified positions, K and V halves
             state, plan, ids = build("mha", realkv, reqs, ctx, scattered=scattered)
             plan.extend_lens.zero_()  # verify only
-            ops = make_ops(*config)
+            ops = make_ops(*config[realkv])
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
             positions = reqs * (ctx - 1)
             per_pos = 4 + 8 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
@@ -297,7 +299,7 @@ def vs_reference(results, config):
     for layout in ("mha", "mla", "swa"):
         reqs, ctx = 64, 4096
         state, plan, ids = build(layout, "partial", reqs, ctx, window=1024)
-        ops = make_ops(*config)
+        ops = make_ops(*config["partial"])
         for name in ("pre_forward", "post_forward"):
             if name == "pre_forward":
                 kernel = lambda: ops.pre_forward(state, plan, ids)  # noqa: E731
@@ -321,7 +323,7 @@ def scaling(copy_bw, results, realkv_modes, config):
     for realkv in realkv_modes:
         for reqs, ctx in SCALING:
             state, plan, ids = build("mha", realkv, reqs, ctx)
-            ops = make_ops(*config) if realkv != "all" else TritonCanaryOps(**VARIANTS[config[1]])
+            ops = make_ops(*config[realkv]) if realkv != "all" else TritonCanaryOps(**VARIANTS[config["partial"][1]])
 
             def forward():
                 ops.pre_forward(state, plan, ids)
@@ -379,7 +381,7 @@ def main():
     verify_config, config = tune(results, copy_bw)
     save()
     if "write" in args.only:
-        write_vs_serial(results, config)
+        write_vs_serial(results, config["none"])
         save()
     if "verify" in args.only:
         verify_bandwidth(copy_bw, results, verify_config)

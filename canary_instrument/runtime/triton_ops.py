@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,14 +19,24 @@ from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
 from .state import CanaryState, PlanInputs
 
-# Launch defaults: the fastest configuration measured in bench/kernels/RESULTS.md.
-DEFAULT_BLOCK = 128
-DEFAULT_WARPS = 4
-PROGRAMS_PER_SM = 16
+
+@dataclass(frozen=True)
+class Launch:
+    block: int  # positions per tile
+    num_warps: int
+    programs_per_sm: int
+
+
+# Per real-KV mode, the launch measured best in bench/kernels/RESULTS.md (realkv=all fingerprints
+# whole rows, where small tiles keep registers in check).
+DEFAULT_LAUNCH = {
+    "none": Launch(128, 4, 16),
+    "partial": Launch(128, 4, 16),
+    "all": Launch(128, 4, 16),
+}
 DEFAULT_CATCH = 2048  # lanes per step when a write chunk composes the maps of the chunks before it
 DEFAULT_PRED_SHIFT = True  # predecessor link from the neighbouring lane (False: reload its row)
 DEFAULT_V_FROM_K = True  # V half reuses K's hash where its row matches K's
-FULL_ROW_BLOCK = 128  # realkv=all fingerprints whole rows: smaller slot tiles keep registers in check
 MAX_FP_CHUNK = 32
 
 
@@ -118,11 +129,11 @@ class TritonCanaryOps:
             state.extra[key] = torch.zeros(shape, dtype=torch.int64, device=state.req_to_token.device)
         return state.extra[key]
 
-    def _grid(self, device: torch.device) -> int:
+    def _grid(self, device: torch.device, launch: Launch) -> int:
         if self.programs:
             return self.programs
         if device.type == "cuda":
-            return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+            return torch.cuda.get_device_properties(device).multi_processor_count * launch.programs_per_sm
         return 4  # the interpreter runs programs one after another; each re-plans the batch
 
     def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list) -> None:
@@ -133,12 +144,14 @@ class TritonCanaryOps:
         if spec.realkv != "none":
             words = state.groups[0].kv_words.shape[1]
             fp_words = min(PARTIAL_WORDS, words) if spec.realkv == "partial" else words
-        block = self.block or (FULL_ROW_BLOCK if spec.realkv == "all" else DEFAULT_BLOCK)
+        launch = DEFAULT_LAUNCH[spec.realkv]
+        block = self.block or launch.block
         expected = state.expected_tokens
         has_expected = expected is not None
         expected_arg = expected if has_expected else state.req_to_token
         args = list(leading) + [
             plan.num_reqs, plan.enabled, plan.req_pool_indices, plan.prefix_lens, plan.extend_lens,
+            min(plan.req_pool_indices.numel(), plan.prefix_lens.numel(), plan.extend_lens.numel()),
             state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
             expected_arg, expected_arg.stride(0) if has_expected else 0,
             expected_arg.shape[1] if has_expected else 0, state.token_offset,
@@ -157,7 +170,7 @@ class TritonCanaryOps:
         ]
         device = state.req_to_token.device
         try:
-            kernel[(self._grid(device),)](
+            kernel[(self._grid(device, launch),)](
                 *args,
                 RING_SIZE=ring.shape[0],
                 HAS_EXPECTED=has_expected,
@@ -168,7 +181,7 @@ class TritonCanaryOps:
                 CATCH=self.catch or DEFAULT_CATCH,
                 PRED_SHIFT=self.pred_shift,
                 V_FROM_K=self.v_from_k,
-                num_warps=self.num_warps or (8 if block >= 1024 else DEFAULT_WARPS),
+                num_warps=self.num_warps or launch.num_warps,
             )
         except Exception as exc:
             raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])
