@@ -142,6 +142,7 @@ class CanaryManager:
             regions["token_cells"] = (np.int64, (3 * expected_tokens.staging_cells(max_bs),))
         self._staging = Staging(regions, self.device)
         self._plans = PlanBuffers(num_single_forward, max_bs, self._staging)
+        self._runs: dict = {}  # listed sub-forward indices -> their consecutive runs (few distinct lists)
         self.single_forward_managers = [
             SingleForwardManager(i, self, plan) for i, plan in enumerate(self._plans.plans)
         ]
@@ -285,12 +286,15 @@ class CanaryManager:
         for sfm in sfms:
             sfm._expect((_IDLE,), "with_ops_outside_graph()")
         kind = forward_kind(forward_batch)
-        runs = index_runs([sfm.index for sfm in sfms])
+        key = tuple(sfm.index for sfm in sfms)
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = index_runs(list(key))
         staging = self._staging
         staging.begin()
         bs = self._plans.stage(runs, forward_batch, kind)
         if bs:
-            cells, used = 0, staging.end("plan_coef")
+            cells, used = 0, staging.end("plan")
             if self._tokens is not None:
                 full_rows = _may_bring_new_requests(forward_batch, kind)
                 host_cells = staging.host("token_cells")

@@ -28,12 +28,31 @@ def forward_kind(forward_batch: Any) -> str:
     mode = getattr(forward_batch, "forward_mode", None)
     if mode is None:
         raise ValueError(f"kv canary: forward batch {type(forward_batch).__qualname__} has no forward_mode")
+    if int(getattr(forward_batch, "batch_size", 0) or 0) == 0:
+        return IDLE
+    # Keyed by type too: IntEnum modes of different engines compare equal to each other's ints.
+    key = (type(mode), mode)
+    try:
+        return _KINDS[key]
+    except (KeyError, TypeError):  # not seen yet, or a mode that cannot be a dict key
+        pass
+    kind = _kind_of(mode)
+    try:
+        _KINDS[key] = kind
+    except TypeError:
+        pass
+    return kind
 
+
+_KINDS: dict = {}  # (mode type, mode) -> kind: the mode methods cost more host time than a lookup
+
+
+def _kind_of(mode: Any) -> str:
     def is_(name: str) -> bool:
         check = getattr(mode, name, None)
         return bool(check()) if callable(check) else False
 
-    if is_("is_idle") or int(getattr(forward_batch, "batch_size", 0) or 0) == 0:
+    if is_("is_idle"):
         return IDLE
     if is_("is_target_verify"):
         return TARGET_VERIFY
@@ -64,11 +83,14 @@ class PlanBuffers:
         self.device = staging.device
         self.max_bs = int(max_bs)
         k = int(num_single_forward)
-        # [k, 2] int32: column 0 num_reqs, column 1 enabled.
-        self.control = staging.device_view("plan_control")
-        # [2, 2, k] int32: (scale, offset) x (prefix, extend): len = scale * seq_len + offset.
-        coef = staging.device_view("plan_coef")
+        self._k = k
+        # int32 [6k]: control [k, 2] (num_reqs, enabled), then coefficients [2, 2, k]:
+        # (scale, offset) x (prefix, extend), len = scale * seq_len + offset.
+        plan = staging.device_view("plan")
+        self.control = plan[: 2 * k].view(k, 2)
+        coef = plan[2 * k :].view(2, 2, k)
         self._scale, self._offset = coef[0], coef[1]
+        self._templates = BoundedCache()  # (runs, kind, bs, draft count) -> the plan region's host bytes
         # One outside context plans all its listed sub-forwards from one batch and disables them
         # at exit, so they can share one req-pool index buffer.
         self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
@@ -88,33 +110,38 @@ class PlanBuffers:
 
     @staticmethod
     def regions(num_single_forward: int) -> dict:
-        k = int(num_single_forward)
-        return {"plan_control": (np.int32, (k, 2)), "plan_coef": (np.int32, (2, 2, k))}
+        return {"plan": (np.int32, (6 * int(num_single_forward),))}
 
     def stage(self, runs: list[tuple[int, int]], forward_batch: Any, kind: str) -> int:
-        """Write the control words and coefficients of the sub-forwards in ``runs`` (host only);
-        returns the request count. ``runs`` are [lo, hi) index ranges (``index_runs``)."""
-        control = self.staging.host("plan_control")
-        control[:] = 0
+        """Write the plan region (control words and coefficients) for the sub-forwards in ``runs``
+        (host only; ``runs`` are [lo, hi) index ranges, see ``index_runs``); returns the request count."""
         if kind == IDLE:
             return 0
         bs = int(forward_batch.batch_size)
         if bs > self.max_bs:
             raise ValueError(f"kv canary: batch of {bs} requests exceeds the canary plan capacity {self.max_bs}")
-        coef = self.staging.host("plan_coef")
         count = draft_token_count(forward_batch) if kind == TARGET_VERIFY else 0
+        key = (tuple(runs), kind, bs, count)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates.put(key, self._template(runs, kind, bs, count))
+        self.staging.host("plan")[:] = template
+        return bs
+
+    def _template(self, runs: list[tuple[int, int]], kind: str, bs: int, count: int) -> np.ndarray:
+        k = self._k
+        region = np.zeros(6 * k, dtype=np.int32)
+        control, coef = region[: 2 * k].reshape(k, 2), region[2 * k :].reshape(2, 2, k)
         for lo, hi in runs:
             control[lo:hi] = (bs, 1)
             coef[0, 0, lo:hi] = 1  # prefix = seq_len + offset
-            coef[0, 1, lo:hi] = 0  # extend = offset
             if kind == DECODE:
                 # Sub-forward i of a multi-step draft writes position seq_len - 1 + i.
                 coef[1, 0, lo:hi] = self._decode_offsets[lo:hi]
                 coef[1, 1, lo:hi] = 1
             elif kind == TARGET_VERIFY:
-                coef[1, 0, lo:hi] = 0
                 coef[1, 1, lo:hi] = count
-        return bs
+        return region
 
     def derive(self, runs: list[tuple[int, int]], forward_batch: Any, kind: str, bs: int) -> None:
         """Fill the listed sub-forwards' device buffers from the batch (after the staging upload)."""

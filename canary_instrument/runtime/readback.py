@@ -22,6 +22,7 @@ class _Slot:
     host_done: Any = None  # event on the side stream after the D2H copy (created once, re-recorded)
     tag: Any = None
     recorded: bool = False
+    host_numpy: Any = None  # numpy view of host_copy, made once: reading it per step then needs no torch op
 
 
 @dataclass
@@ -51,6 +52,8 @@ class DelayedReadback:
             )
             for _ in range(2)
         ]
+        for slot in self._slots:
+            slot.host_numpy = slot.host_copy.numpy()
         self._ring_done = torch.cuda.Event() if self.cuda else None
         self._ring_host = torch.zeros(ring.shape, dtype=ring.dtype, pin_memory=pin)
         self._next = 0
@@ -89,7 +92,7 @@ class DelayedReadback:
         slot = self._pending.pop(0)
         if slot.recorded:
             slot.host_done.synchronize()
-        return Snapshot(tag=slot.tag, values=slot.host_copy.tolist(), _slot=slot)
+        return Snapshot(tag=slot.tag, values=slot.host_numpy.tolist(), _slot=slot)
 
     def read_ring(self, snapshot: Snapshot) -> Any:
         """The violation ring as of ``snapshot`` (records written later may also show, never older ones lost)."""
