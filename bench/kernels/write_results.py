@@ -83,7 +83,8 @@ def main(path: str) -> None:
             "Baseline (`serial_chain_write` in bench_kernels.py): one Triton program per request walks its tokens"
             " one by one, as upstream's one-thread-per-request CUDA kernel does. Ours: the pre-forward pass"
             " (scan of affine maps in BLOCK-wide chunks; each chunk composes the maps of the chunks before it"
-            " CATCH lanes at a time). Bar: >= 50x.",
+            " serially in one segment per lane joined by a scan (CATCH 0, shipped) or CATCH lanes at a time)."
+            " Bar: >= 50x.",
             "",
             table(["tokens", "BLOCK", "CATCH", "parallel (us)", "serial (us)", "speedup", "rows identical", "bar"],
                   [(w["tokens"], w["block"], w["catch"], f"{w['parallel_us']:.1f}", f"{w['serial_us']:.1f}",
