@@ -182,40 +182,31 @@ def copy_bandwidth() -> float:
 
 
 CONFIGS = [(128, 4, 16), (128, 4, 8), (128, 2, 32), (256, 4, 16), (256, 8, 8)]  # (BLOCK, num_warps, programs/SM)
-# Kernel variants, switched by constexpr launch arguments (tests/kernels check each against the reference).
-VARIANTS = {
-    "reload_pred": dict(pred_shift=False, v_from_k=False),  # the predecessor row gathered again per lane
-    "shift_pred": dict(pred_shift=True, v_from_k=False),  # predecessor link from the neighbouring lane
-    "shift_pred_v_from_k": dict(pred_shift=True, v_from_k=True),  # ... and V reuses K's hash where equal
-}
-# Every variant at the first configuration, every configuration with the runtime's variant.
-SWEEP = [(v, CONFIGS[0]) for v in VARIANTS] + [("shift_pred_v_from_k", c) for c in CONFIGS[1:]]
-CATCH_TILES = (0, 1024, 2048)  # 0: one serial segment per lane, joined by a scan
 WRITE_TOKENS = 16384
 
 
-def make_ops(config, variant, **extra):
+def make_ops(config):
     block, warps, per_sm = config
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm, **VARIANTS[variant], **extra)
+    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm)
 
 
 def tune(results, copy_bw):
-    """Sweep launch configurations and kernel variants, per real-KV mode (none, partial), on the
+    """Sweep launch configurations per real-KV mode (none, partial), on the
     two ends of the scaling table: a 1M-position verify (contiguous) and the latency-bound 8 x 16384
     decode (pre + post). Per mode, returns the fastest verify (for the bandwidth table) and the one
     with the lowest worst-case share of attention time over both ends (for everything else)."""
     big_att = 64 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
     small_att = 8 * 16384 * KV_BYTES_PER_TOKEN / copy_bw
     rows, verify_pick, forward_pick = [], {}, {}
-    pick = lambda r: ((r["block"], r["num_warps"], r["programs_per_sm"]), r["variant"])  # noqa: E731
+    pick = lambda r: (r["block"], r["num_warps"], r["programs_per_sm"])  # noqa: E731
     for realkv in ("none", "partial"):
         state, plan, ids = build("mha", realkv, 64, 16385)
         plan.extend_lens.zero_()
         small_state, small_plan, small_ids = build("mha", realkv, 8, 16384)
         mode_rows = []
-        for variant, config in SWEEP:
-            ops = make_ops(config, variant)
+        for config in CONFIGS:
+            ops = make_ops(config)
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
 
             def forward():
@@ -223,7 +214,7 @@ def tune(results, copy_bw):
                 ops.post_forward(small_state, small_plan)
 
             small_ms = bench_graph(forward)
-            row = dict(realkv=realkv, variant=variant, block=config[0], num_warps=config[1],
+            row = dict(realkv=realkv, block=config[0], num_warps=config[1],
                        programs_per_sm=config[2], us=ms * 1e3, small_us=small_ms * 1e3,
                        score=max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att),
                        violations=int(state.ring_count[0]) + int(small_state.ring_count[0]))
@@ -247,7 +238,7 @@ def verify_bandwidth(copy_bw, results, config):
             reqs, ctx = 64, 16385  # 64 x 16384 = 1,048,576 verified positions, K and V halves
             state, plan, ids = build("mha", realkv, reqs, ctx, scattered=scattered)
             plan.extend_lens.zero_()  # verify only
-            ops = make_ops(*config[realkv])
+            ops = make_ops(config[realkv])
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
             positions = reqs * (ctx - 1)
             per_pos = 4 + 8 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
@@ -264,7 +255,7 @@ def verify_bandwidth(copy_bw, results, config):
 
 
 def write_vs_serial(results, config):
-    """The 16k-token write under the chosen launch configuration at each catch-up tile width."""
+    """The 16k-token write (pre-forward, realkv=none) under the chosen launch configuration."""
     tokens = WRITE_TOKENS
     state, plan, _ = build("mla", "none", 1, 2, v_half=False)
     r2t = torch.arange(1, tokens + 1, device=DEV, dtype=torch.int32).view(1, tokens)
@@ -282,17 +273,13 @@ def write_vs_serial(results, config):
                                  plan.extend_lens, serial_rows)
 
     serial_ms = bench_graph(serial)
-    out = []
-    for catch in CATCH_TILES:
-        rows.zero_()
-        ops = make_ops(*config, catch=catch)
-        parallel_ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
-        same = bool(torch.equal(serial_rows[1:], rows[1:]))
-        row = dict(tokens=tokens, block=config[0][0], catch=catch, parallel_us=parallel_ms * 1e3,
-                   serial_us=serial_ms * 1e3, speedup=serial_ms / parallel_ms, rows_identical=same)
-        log("write", row)
-        out.append(row)
-    results["write_16k"] = out
+    ops = make_ops(config)
+    parallel_ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
+    same = bool(torch.equal(serial_rows[1:], rows[1:]))
+    row = dict(tokens=tokens, block=config[0], parallel_us=parallel_ms * 1e3, serial_us=serial_ms * 1e3,
+               speedup=serial_ms / parallel_ms, rows_identical=same)
+    log("write", row)
+    results["write_16k"] = [row]
 
 
 def vs_reference(results, config):
@@ -300,7 +287,7 @@ def vs_reference(results, config):
     for layout in ("mha", "mla", "swa"):
         reqs, ctx = 64, 4096
         state, plan, ids = build(layout, "partial", reqs, ctx, window=1024)
-        ops = make_ops(*config["partial"])
+        ops = make_ops(config["partial"])
         for name in ("pre_forward", "post_forward"):
             if name == "pre_forward":
                 kernel = lambda: ops.pre_forward(state, plan, ids)  # noqa: E731
@@ -324,7 +311,7 @@ def scaling(copy_bw, results, realkv_modes, config):
     for realkv in realkv_modes:
         for reqs, ctx in SCALING:
             state, plan, ids = build("mha", realkv, reqs, ctx)
-            ops = make_ops(*config[realkv]) if realkv != "all" else TritonCanaryOps(**VARIANTS[config["partial"][1]])
+            ops = make_ops(config[realkv]) if realkv != "all" else TritonCanaryOps()
 
             def forward():
                 ops.pre_forward(state, plan, ids)

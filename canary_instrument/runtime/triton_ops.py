@@ -34,11 +34,6 @@ DEFAULT_LAUNCH = {
     "partial": Launch(128, 4, 16),
     "all": Launch(128, 4, 16),
 }
-# How a write chunk composes the maps of the chunks before it: 0 = one serial segment per lane joined
-# by a scan (few registers); N = N-lane tiles (a wide tile costs the whole kernel's occupancy).
-DEFAULT_CATCH = 0
-DEFAULT_PRED_SHIFT = True  # predecessor link from the neighbouring lane (False: reload its row)
-DEFAULT_V_FROM_K = True  # V half reuses K's hash where its row matches K's
 MAX_FP_CHUNK = 32
 
 
@@ -103,17 +98,12 @@ class TritonCanaryOps:
     name = "triton"
 
     def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
-                 num_warps: int | None = None, catch: int | None = None, pred_shift: bool | None = None,
-                 v_from_k: bool | None = None):
-        for name, value in (("block", block), ("catch", catch or None)):
-            if value is not None and (value < 2 or value & (value - 1)):
-                raise ValueError(f"TritonCanaryOps({name}={value}): must be a power of two >= 2")
+                 num_warps: int | None = None):
+        if block is not None and (block < 2 or block & (block - 1)):
+            raise ValueError(f"TritonCanaryOps(block={block}): must be a power of two >= 2")
         self.block = block
         self.programs = programs
         self.num_warps = num_warps
-        self.catch = catch
-        self.pred_shift = DEFAULT_PRED_SHIFT if pred_shift is None else pred_shift
-        self.v_from_k = DEFAULT_V_FROM_K if v_from_k is None else v_from_k
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
@@ -180,9 +170,6 @@ class TritonCanaryOps:
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
-                CATCH=DEFAULT_CATCH if self.catch is None else self.catch,
-                PRED_SHIFT=self.pred_shift,
-                V_FROM_K=self.v_from_k,
                 num_warps=self.num_warps or launch.num_warps,
             )
         except Exception as exc:
