@@ -7,6 +7,7 @@ with slot 0 / request row 0) so every replay reads and writes the same addresses
 from __future__ import annotations
 
 import bisect
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -18,15 +19,46 @@ if TYPE_CHECKING:  # pragma: no cover
     from refsgl.srt.model_executor.model_runner import ModelRunner
 
 _global_graph_memory_pool = None
+# Graphs captured into the global pool. torch releases a private pool once its last graph
+# is gone, and capturing into a released pool's handle trips an allocator assert, so the
+# handle is dropped when an engine that used it has been freed (tests build many engines).
+_graphs_in_global_pool: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
+_global_pool_used = False
 
 
 def get_global_graph_memory_pool():
+    global _global_graph_memory_pool, _global_pool_used
+    if _global_pool_used and not _graphs_in_global_pool:
+        _global_graph_memory_pool, _global_pool_used = None, False
     return _global_graph_memory_pool
 
 
 def set_global_graph_memory_pool(pool):
     global _global_graph_memory_pool
     _global_graph_memory_pool = pool
+
+
+def remember_graph_in_global_pool(graph, pool):
+    global _global_pool_used
+    if pool is not None and pool == _global_graph_memory_pool:
+        _graphs_in_global_pool.add(graph)
+        _global_pool_used = True
+
+
+def warm_cublas_on_stream(stream, device):
+    """Give cuBLAS its per-stream workspace outside any capture.
+
+    cuBLAS caches one workspace per (handle, stream) on first use. Made during a capture, it
+    lives in that graph's private pool and dangles once the pool is released; torch hands out
+    streams from a small recycled pool, so a later engine would then capture with a freed
+    workspace (CUBLAS_STATUS_EXECUTION_FAILED). A first use outside capture makes it ordinary,
+    long-lived memory.
+    """
+    with torch.cuda.stream(stream):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.ones((8, 8), device=device, dtype=dtype)
+            torch.nn.functional.linear(x, x)
+    stream.synchronize()
 
 
 def get_batch_sizes_to_capture(max_bs: int) -> list[int]:
@@ -101,6 +133,8 @@ class CudaGraphRunner:
         return graph, out
 
     def _capture_graph(self, graph, pool, stream, run_once):
+        warm_cublas_on_stream(stream, self.model_runner.device)
+        remember_graph_in_global_pool(graph, pool)
         with self.device_module.graph(graph, pool=pool, stream=stream):
             out = run_once()
         return out

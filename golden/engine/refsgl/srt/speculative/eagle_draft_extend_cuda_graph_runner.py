@@ -15,7 +15,9 @@ from refsgl.srt.layers.logits_processor import LogitsProcessorOutput
 from refsgl.srt.model_executor.cuda_graph_runner import (
     get_batch_sizes_to_capture,
     get_global_graph_memory_pool,
+    remember_graph_in_global_pool,
     set_global_graph_memory_pool,
+    warm_cublas_on_stream,
 )
 from refsgl.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from refsgl.srt.speculative.spec_info import EagleDraftInput
@@ -108,6 +110,8 @@ class EAGLEDraftExtendCudaGraphRunner:
         return graph, out
 
     def _capture_graph(self, graph, pool, stream, run_once):
+        warm_cublas_on_stream(stream, self.model_runner.device)
+        remember_graph_in_global_pool(graph, pool)
         with self.device_module.graph(graph, pool=pool, stream=stream):
             out = run_once()
         return out
