@@ -133,8 +133,10 @@ def _cell(trials) -> str:
 
 
 def _print_matrix(variants, results):
-    click.secho("\n3. Fault matrix: caught after +N steps (0 = the step of the fault), with the reason "
+    click.secho("\n3. Fault matrix: steps from the corruption to its report, with the reason "
                 "(+ = other trials saw another expected reason)", bold=True)
+    click.echo("   A corruption made after step N is first read by step N+1's forward (+1); a token swap or a\n"
+               "   draft offset is made while a step's batch is built and is caught in that step (+0).")
     width = 16
     click.echo("   " + f"{'fault':<34}" + "".join(f"{v.label:<{width}}" for v in variants))
     for fault in FAULTS.values():
