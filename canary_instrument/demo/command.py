@@ -22,7 +22,12 @@ LAYOUT_CHOICES = ("mha", "mla", "swa")
 REASON_ORDER = ["position", "link", "fingerprint", "token", "swa_unmapped", "padding_slot"]
 
 
-@click.command("demo", help=__doc__.split("\n\n")[0].strip("`"))
+@click.command(
+    "demo",
+    help="Instrument a copy of the bundled reference engine (scaffold, check, apply), run it clean and "
+    "under every fault class on MHA, MLA and SWA pools with and without EAGLE, and print what the "
+    "canary caught and what it cost.",
+)
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(LAYOUT_CHOICES),
               help="Pool layouts to run (repeatable; default: all three).")
 @click.option("--trials", default=1, show_default=True, type=click.IntRange(1),
