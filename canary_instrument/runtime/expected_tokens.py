@@ -40,6 +40,9 @@ class ExpectedTokenTable:
 
         self._cell_views = BoundedCache()
         self._row_grids = BoundedCache()
+        # The last ``window`` tokens of a list in one C call (a tuple; a bare item when window is 1).
+        self._tail = operator.itemgetter(*range(-self.window, 0))
+        self._span_cols = np.arange(2 * self.window + 1, dtype=np.int64)
 
     def staging_cells(self, max_bs: int) -> int:
         """Cells the staging region holds: a full non-extend step of ``max_bs`` requests."""
@@ -88,10 +91,12 @@ class ExpectedTokenTable:
         if grid is None:
             grid = self._row_grids.put(bs, np.repeat(np.arange(bs, dtype=np.int64)[:, None], span, axis=1))
         cells[0] = grid
-        np.add((lens - w)[:, None], np.arange(span, dtype=np.int64), out=cells[1])
+        np.add((lens - w)[:, None], self._span_cols, out=cells[1])
         cells[2, :, w:] = -1
-        tails = map(operator.getitem, token_ids, itertools.repeat(slice(-w, None)))
-        cells[2, :, :w] = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=bs * w).reshape(bs, w)
+        # _regular() checked every list holds at least ``window`` tokens, so each tail has exactly ``w``.
+        tails = map(self._tail, token_ids)
+        flat = tails if w == 1 else itertools.chain.from_iterable(tails)
+        cells[2, :, :w] = np.fromiter(flat, dtype=np.int64, count=bs * w).reshape(bs, w)
         return bs * span
 
     def scatter(self, req_pool_indices: Any, staged: Any, n: int) -> None:

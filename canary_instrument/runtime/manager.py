@@ -10,10 +10,9 @@ their plans say ``enabled = 0`` and they do nothing; those forwards are not step
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationError, CanaryWiringError
 from canary_instrument.runtime.plan import EXTEND, IDLE, PlanBuffers, forward_kind, index_runs
@@ -59,8 +58,7 @@ class CanaryStats:
         )
 
 
-@dataclass(frozen=True)
-class _Tag:
+class _Tag(NamedTuple):
     """Host facts at snapshot time: step number, enabled sub-forwards planned so far, SWA report due."""
 
     step: int
@@ -143,9 +141,11 @@ class CanaryManager:
         self._staging = Staging(regions, self.device)
         self._plans = PlanBuffers(num_single_forward, max_bs, self._staging)
         self._runs: dict = {}  # listed sub-forward indices -> their consecutive runs (few distinct lists)
+        self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> (sfms, runs)
         self.single_forward_managers = [
             SingleForwardManager(i, self, plan) for i, plan in enumerate(self._plans.plans)
         ]
+        self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
         self._group = process_group
         self._world = 1
@@ -165,11 +165,15 @@ class CanaryManager:
         self._pending_raise: list[Violation] = []
         self._pending_lines: list[str] = []
         self._unhealthy: Optional[str] = None
-        self._last = CanaryStats(0, 0, 0, 0, 0, 0, 0)
+        self._last_figures = (0, 0, 0, 0, 0, 0, 0)  # CanaryStats fields; the object is built when asked for
+        self._last_stats: Optional[CanaryStats] = None
         self._stats_logged_step = 0  # flush() re-reads the current step; its line is logged once
         # Every written token gets one row per (group, half): 2 on MHA, 1 on MLA, 4 on SWA.
         self._rows_per_token = len(state.groups)
         self._violations_seen_by_ranks = 0
+        # Settings are frozen: the per-step feature switches are read once, so a disabled one costs one compare.
+        self._stats_interval = settings.stats_interval
+        self._swa_interval = settings.swa_divergence_interval if state.layout == "swa" else 0
 
     # ------------------------------------------------------------------ wiring surface
 
@@ -187,45 +191,47 @@ class CanaryManager:
             raise CanaryWiringError("kv canary: mark_init_finished() called inside a canary context")
         self.init_finished = True
 
-    @contextlib.contextmanager
-    def with_active_single_forward_manager(self, index: int) -> Iterator[SingleForwardManager]:
+    def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
-        sfm = self._sub_forward(index)
-        if self._active is not None:
-            raise CanaryWiringError(
-                f"kv canary: with_active_single_forward_manager({index}) nested inside "
-                f"with_active_single_forward_manager({self._active.index})"
-            )
-        self._active = sfm
-        try:
-            yield sfm
-        finally:
-            self._active = None
+        # One reusable context per valid index (it holds no per-call state); anything else gets
+        # a fresh one whose entry raises the usual error.
+        ctx = self._active_contexts.get(index) if type(index) is int else None
+        return ctx if ctx is not None else _ActiveForward(self, index)
 
-    @contextlib.contextmanager
     def with_ops_outside_graph(
         self,
         single_forward_indices: Optional[Iterable[int]] = None,
         maybe_inaccurate_forward_batch: Any = None,
-    ) -> Iterator[None]:
+    ) -> "_OutsideGraph":
         """Plan the listed sub-forwards before the block; read results and snapshot after it."""
-        if self._outside_open:
-            raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
+        return _OutsideGraph(self, single_forward_indices, maybe_inaccurate_forward_batch)
+
+    def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> tuple:
+        """(sub-forward managers, their index runs) of a listing; validated once per distinct listing."""
+        key = single_forward_indices
+        if key is None or type(key) is range:
+            pass
+        elif type(key) in (list, tuple):
+            key = tuple(key)
+            if not all(type(i) is int for i in key):
+                key = False  # not cacheable (validation depends on more than the values)
+        else:
+            key = False
+        found = self._listings.get(key) if key is not False else None
+        if found is not None:
+            return found
         indices = [0] if single_forward_indices is None else list(single_forward_indices)
         sfms = [self._sub_forward(i) for i in indices]
         if len({s.index for s in sfms}) != len(sfms):
             raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
-        self._outside_open = True
-        try:
-            planned = self._pre_ops_outside_graph(sfms, maybe_inaccurate_forward_batch) if self.init_finished else []
-            ok = False
-            try:
-                yield
-                ok = True
-            finally:
-                self._post_ops_outside_graph(sfms, planned, maybe_inaccurate_forward_batch, ok)
-        finally:
-            self._outside_open = False
+        key_runs = tuple(sfm.index for sfm in sfms)
+        runs = self._runs.get(key_runs)
+        if runs is None:
+            runs = self._runs[key_runs] = index_runs(list(key_runs))
+        found = (sfms, runs)
+        if key is not False and len(self._listings) < 256:
+            self._listings[key] = found
+        return found
 
     # Called by the bracketed model.forward.
     def pre_ops_maybe_inside_graph(self, input_ids: Any) -> None:
@@ -262,6 +268,12 @@ class CanaryManager:
         """Figures as of the last snapshot read (call ``flush()`` first for up-to-date ones)."""
         return self._last
 
+    @property
+    def _last(self) -> CanaryStats:
+        if self._last_stats is None:
+            self._last_stats = CanaryStats(*self._last_figures)
+        return self._last_stats
+
     # ------------------------------------------------------------------ phases
 
     def _sub_forward(self, index: int) -> SingleForwardManager:
@@ -280,16 +292,13 @@ class CanaryManager:
             )
         return self._active
 
-    def _pre_ops_outside_graph(self, sfms: list[SingleForwardManager], forward_batch: Any) -> list:
+    def _pre_ops_outside_graph(self, sfms: list[SingleForwardManager], runs: list, forward_batch: Any) -> list:
         if forward_batch is None:
             raise CanaryWiringError("kv canary: with_ops_outside_graph() needs the forward batch after init")
         for sfm in sfms:
-            sfm._expect((_IDLE,), "with_ops_outside_graph()")
+            if sfm.phase != _IDLE:
+                sfm._expect((_IDLE,), "with_ops_outside_graph()")
         kind = forward_kind(forward_batch)
-        key = tuple(sfm.index for sfm in sfms)
-        runs = self._runs.get(key)
-        if runs is None:
-            runs = self._runs[key] = index_runs(list(key))
         staging = self._staging
         staging.begin()
         bs = self._plans.stage(runs, forward_batch, kind)
@@ -324,19 +333,18 @@ class CanaryManager:
             # Disable before anything can replay the graph again without a fresh plan.
             if planned:
                 self._plans.disable_on_device()
-            phases = [(s.index, s.phase) for s in sfms]
+            half_done = [s.index for s in sfms if s.phase == _PRE_DONE]
             for sfm in sfms:
                 sfm.phase = _IDLE
             if not ok:
                 return
-            half_done = [i for i, p in phases if p == _PRE_DONE]
             if half_done:
                 raise CanaryWiringError(f"kv canary: sub-forward(s) {half_done} ran pre-ops but never post-ops")
             self._planned += len(planned)
         if not ok:
             return
         self._step += 1
-        swa_due = self._swa_due()
+        swa_due = self._swa_interval != 0 and self._swa_due()
         if swa_due:
             self._status[_SWA].copy_(self._swa_on_device(forward_batch))
         self._readback_and_report(_Tag(self._step, self._planned, swa_due))
@@ -366,8 +374,7 @@ class CanaryManager:
 
     def _process(self, snapshot: Snapshot) -> None:
         values, tag = snapshot.values, snapshot.tag
-        count = values[_RING_COUNT][0]
-        pre_runs, post_runs, verified, written = values[_COUNTERS]
+        count, pre_runs, post_runs, verified, written = values[:5]  # ring count, then _COUNTERS
         new = count - self._seen
         if new > 0:
             ring = self._readback.read_ring(snapshot)
@@ -378,15 +385,9 @@ class CanaryManager:
             dropped = first - self._seen
             self._seen = count
             self._report(violations, dropped, tag.step)
-        self._last = CanaryStats(
-            steps=tag.step,
-            tokens_protected=written // self._rows_per_token,
-            verified=verified,
-            written=written,
-            pre_runs=pre_runs,
-            post_runs=post_runs,
-            violations=count,
-        )
+        # CanaryStats field order: steps, tokens_protected, verified, written, pre_runs, post_runs, violations.
+        self._last_figures = (tag.step, written // self._rows_per_token, verified, written, pre_runs, post_runs, count)
+        self._last_stats = None
         if tag.planned and (pre_runs < tag.planned or post_runs < tag.planned) and self._unhealthy is None:
             self._unhealthy = (
                 f"kv canary health check failed at step {tag.step}: {tag.planned} canary sub-forwards were planned "
@@ -406,7 +407,7 @@ class CanaryManager:
                     swa_out_of_window_tokens=out_of_window,
                 ).format(),
             )
-        interval = self.settings.stats_interval
+        interval = self._stats_interval
         if interval and tag.step % interval == 0 and tag.step > self._stats_logged_step:
             self._stats_logged_step = tag.step
             logger.info("%s", self._last.format())
@@ -480,3 +481,65 @@ class CanaryManager:
         if forward_batch is not None and forward_kind(forward_batch) != IDLE:
             seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
+
+
+class _ActiveForward:
+    """``with_active_single_forward_manager``'s context: reusable, since it holds only the index."""
+
+    __slots__ = ("_manager", "_index")
+
+    def __init__(self, manager: CanaryManager, index: Any):
+        self._manager = manager
+        self._index = index
+
+    def __enter__(self) -> SingleForwardManager:
+        manager = self._manager
+        sfm = manager._sub_forward(self._index)
+        if manager._active is not None:
+            raise CanaryWiringError(
+                f"kv canary: with_active_single_forward_manager({self._index}) nested inside "
+                f"with_active_single_forward_manager({manager._active.index})"
+            )
+        manager._active = sfm
+        return sfm
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        self._manager._active = None
+        return False
+
+
+class _OutsideGraph:
+    """``with_ops_outside_graph``'s context: a plain object (a generator context costs several
+    times the host time), checking and planning on entry as the generator did."""
+
+    __slots__ = ("_manager", "_indices", "_batch", "_sfms", "_planned")
+
+    def __init__(self, manager: CanaryManager, indices: Optional[Iterable[int]], forward_batch: Any):
+        self._manager = manager
+        self._indices = indices
+        self._batch = forward_batch
+        self._sfms: Optional[list] = None
+        self._planned: list = []
+
+    def __enter__(self) -> None:
+        manager = self._manager
+        if manager._outside_open:
+            raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
+        sfms, runs = manager._listed(self._indices)
+        self._sfms = sfms
+        manager._outside_open = True
+        try:
+            if manager.init_finished:
+                self._planned = manager._pre_ops_outside_graph(sfms, runs, self._batch)
+        except BaseException:
+            manager._outside_open = False
+            raise
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        manager = self._manager
+        try:
+            manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
+        finally:
+            manager._outside_open = False
+        return False
