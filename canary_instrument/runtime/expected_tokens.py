@@ -60,9 +60,11 @@ class ExpectedTokenTable:
             raise ValueError(
                 f"kv canary: forward_batch.canary_token_ids has {len(token_ids)} rows for a batch of {bs} requests"
             )
-        lens = np.fromiter(map(len, token_ids), dtype=np.int64, count=bs)
-        if not full_rows and bs and self._regular(lens, out.size):
-            return self._fill_regular(token_ids, lens, out)
+        # Python ints first: the regular-step test is then two C-level builtins, not numpy reductions.
+        lens_list = list(map(len, token_ids))
+        if not full_rows and bs and self._regular(lens_list, out.size):
+            return self._fill_regular(token_ids, lens_list, out)
+        lens = np.array(lens_list, dtype=np.int64)
         n = self._cell_count(lens, full_rows)
         if n == 0:
             return 0
@@ -73,26 +75,30 @@ class ExpectedTokenTable:
         self._fill(token_ids, cells)
         return n
 
-    def _regular(self, lens: np.ndarray, room: int) -> bool:
+    def _regular(self, lens: list[int], room: int) -> bool:
         """Every request sends exactly ``window`` tokens and ``window + 1`` pads (the usual decode step)."""
         span = 2 * self.window + 1
         return (
-            3 * span * lens.size <= room
-            and int(lens.min()) >= self.window
-            and int(lens.max()) + self.window + 1 <= self.table.shape[1]
+            3 * span * len(lens) <= room
+            and min(lens) >= self.window
+            and max(lens) + self.window + 1 <= self.table.shape[1]
         )
 
-    def _fill_regular(self, token_ids: Sequence[Sequence[int]], lens: np.ndarray, out: np.ndarray) -> int:
-        """The regular case as one [3, bs, 2 * window + 1] grid: a few whole-array numpy writes."""
-        w, bs = self.window, lens.size
+    def _fill_regular(self, token_ids: Sequence[Sequence[int]], lens: list[int], out: np.ndarray) -> int:
+        """The regular case as one [3, bs, 2 * window + 1] grid: a copy of a per-size template
+        (batch rows, column offsets, pads), then the lengths and the token tails written in."""
+        w, bs = self.window, len(lens)
         span = 2 * w + 1
         cells = out[: 3 * bs * span].reshape(3, bs, span)
-        grid = self._row_grids.get(bs)
-        if grid is None:
-            grid = self._row_grids.put(bs, np.repeat(np.arange(bs, dtype=np.int64)[:, None], span, axis=1))
-        cells[0] = grid
-        np.add((lens - w)[:, None], self._span_cols, out=cells[1])
-        cells[2, :, w:] = -1
+        template = self._row_grids.get(bs)
+        if template is None:
+            template = np.empty((3, bs, span), dtype=np.int64)
+            template[0] = np.arange(bs, dtype=np.int64)[:, None]
+            template[1] = self._span_cols - w  # column = len - w + j
+            template[2] = -1
+            template = self._row_grids.put(bs, template)
+        cells[...] = template
+        cells[1] += np.array(lens, dtype=np.int64)[:, None]
         # _regular() checked every list holds at least ``window`` tokens, so each tail has exactly ``w``.
         tails = map(self._tail, token_ids)
         flat = tails if w == 1 else itertools.chain.from_iterable(tails)
