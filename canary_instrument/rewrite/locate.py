@@ -280,6 +280,8 @@ def _locate_with_item(site: Site, method) -> tuple | None:
 
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
+    from canary_instrument.rewrite.reach import find_uncovered
+
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
@@ -341,7 +343,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
         result.members.append(info)
 
     _find_strays(result, catalog)
-    _find_uncovered(result, classes, catalog)
+    find_uncovered(result, classes, catalog)
     return result
 
 
@@ -431,74 +433,3 @@ def _find_strays(result: FileAnalysis, catalog: Catalog) -> None:
             visit(child, method)
 
     visit(result.tree, None)
-
-
-def _find_uncovered(result: FileAnalysis, classes, catalog: Catalog) -> None:
-    if not catalog.triggers:
-        return
-    covered = {id(match.class_node) for match in result.sites}
-    for cls in classes:
-        if id(cls) in covered:
-            continue
-        stack = list(cls.body)
-        while stack:
-            node = stack.pop()
-            if isinstance(node, ast.ClassDef):
-                continue  # a nested class is checked on its own
-            if isinstance(node, ast.Call) and (name := dotted_name(node.func)) is not None:
-                for trigger in catalog.triggers:
-                    if any(call_matches(name, p) for p in trigger.calls):
-                        result.uncovered.append(Uncovered(node, name, trigger.what, cls.name))
-                        break
-            stack.extend(ast.iter_child_nodes(node))
-    result.uncovered.sort(key=lambda u: (u.call.lineno, u.call.col_offset))
-
-
-def prefilter_words(catalog: Catalog) -> list[bytes]:
-    """Byte strings at least one of which a file must contain to need analysis beyond its path.
-
-    One `bytes.find` pass per word dominates `check` on a large tree, so words that share a
-    long substring (`graph_runner`, `draft_runner.forward` -> `_runner`) are merged into it.
-    """
-    words = {"canary"}  # covers every canary-named placeholder and the runtime imports
-    words |= {name for name in catalog.placeholder_names if "canary" not in name}
-    for trigger in catalog.triggers:
-        for pattern in trigger.calls:
-            fragments = [f.strip(".") for f in re.split(r"[*?\[\]]", pattern)]
-            words.add(max(fragments, key=len))
-    merged = True
-    while merged:
-        merged = False
-        ordered = sorted(words)
-        for index, first in enumerate(ordered):
-            for second in ordered[index + 1 :]:
-                common = _longest_common_substring(first, second)
-                # Only a substring as specific as an identifier part (`_runner`), not `forward`.
-                if len(common) >= 6 and ("_" in common or "." in common):
-                    words -= {first, second}
-                    words.add(common)
-                    merged = True
-                    break
-            if merged:
-                break
-    return sorted(w.encode() for w in words)
-
-
-def _longest_common_substring(first: str, second: str) -> str:
-    best = ""
-    for start in range(len(first)):
-        for end in range(start + len(best) + 1, len(first) + 1):
-            if first[start:end] in second:
-                best = first[start:end]
-            else:
-                break
-    return best
-
-
-def call_regex(pattern: str) -> bytes:
-    """A regex over source bytes that every call matching the catalog call `pattern` satisfies."""
-    parts = []
-    for component in pattern.split("."):
-        parts.append("".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in component))
-    body = r"\s*\.\s*".join(parts)
-    return (rb"(?<![\w])" if not pattern.startswith("*") else b"") + body.encode() + rb"\s*\("

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Callable, Iterable
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
-from canary_instrument.rewrite.locate import FileAnalysis, analyse, call_regex, prefilter_words
+from canary_instrument.rewrite.locate import FileAnalysis, analyse
 from canary_instrument.rewrite.plan import PlanNotApplied
+from canary_instrument.rewrite.prefilter import Prefilter
 
 
 @dataclass
@@ -73,32 +73,6 @@ class RunResult:
         if self.errors:
             return 2
         return 1 if self.findings else 0
-
-
-class Prefilter:
-    """Decides from a path and raw bytes alone whether a file needs parsing."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        patterns = {location.path for _, location in catalog.locations()}
-        regexes = []
-        for pattern in sorted(patterns):
-            regexes.append(fnmatch.translate(pattern))
-            regexes.append(fnmatch.translate("*/" + pattern))
-        self._path = re.compile("|".join(regexes)) if regexes else None
-        self._words = prefilter_words(catalog)
-        calls = sorted({p for trigger in catalog.triggers for p in trigger.calls})
-        self._calls = re.compile(b"|".join(call_regex(p) for p in calls)) if calls else None
-
-    def path_matches(self, posix: str) -> bool:
-        return self._path is not None and self._path.match(posix) is not None
-
-    def bytes_match(self, data: bytes) -> bool:
-        """A canary word, or a trigger call (a cheap word test first, the exact regex only then)."""
-        if b"canary" in data:
-            return True
-        if self._calls is None or not any(word in data for word in self._words):
-            return False
-        return self._calls.search(data) is not None
 
 
 def discover(paths: Iterable, catalog: Catalog) -> Iterable[Path | SourceError]:
