@@ -121,7 +121,13 @@ class ModelRunner:
                 self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(total_tokens, device=self.device)
 
     def init_attention_backend(self):
-        self.attn_backend = TorchNativeAttnBackend(self)
+        if self.server_args.attention_backend == "triton":
+            # Imported here so that torch-native engines (CPU) never load Triton.
+            from refsgl.srt.layers.attention.triton_backend import TritonAttnBackend
+
+            self.attn_backend = TritonAttnBackend(self)
+        else:
+            self.attn_backend = TorchNativeAttnBackend(self)
 
     def init_device_graphs(self):
         """Capture decode CUDA graphs (target runner only; the EAGLE worker captures its own)."""
