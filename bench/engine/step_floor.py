@@ -489,6 +489,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)"
+
+
 def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
@@ -543,39 +547,49 @@ def main(argv=None) -> int:
         geometry, engine_shape = LLAMA, ENGINE_SHAPE
     import triton
 
+    # Fail before measuring anything when (b)'s instrumented engine cannot be had.
+    module = None if args.skip_engine else instrumented_engine(args.engine_dir)
     matrix.quiet_canary_log()
     start = time.time()
     bandwidth = copy_bandwidth(device)
     log(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "step_floor_smoke" if args.smoke else f"step_floor_{device_slug(_device_name(device))}"
+
+    def save():  # after every row, so a run cut short still leaves what it measured
+        report["seconds"] = round(time.time() - start, 1)
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / f"{stem}.md").write_text(markdown(report))
+
     report = {
         "command": " ".join(["PYTHONPATH=. python bench/engine/step_floor.py", *(sys.argv[1:] if argv is None else argv)]),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)",
+        "device": _device_name(device),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
+        "copy_bandwidth_Bps": bandwidth,
         "bandwidth_convention": "device-to-device copy, read + write counted (2 x bytes copied) / time",
         "host_steps": args.host_steps,
         "reps": args.reps,
         "rounds": args.rounds,
-        "llama": llama_rows(shapes, device, bandwidth, args.host_steps, args.reps, geometry),
+        "llama": [],
         "engine_shape": engine_shape,
         "engine": [],
         "engine_skipped": {},
     }
-    if not args.skip_engine:
-        module = instrumented_engine(args.engine_dir)
+    for shape in shapes:
+        report["llama"] += llama_rows([shape], device, bandwidth, args.host_steps, args.reps, geometry)
+        save()
+    if module is not None:
         for batch, context in engine_shapes:
             try:
                 report["engine"].append(engine_row(module, engine_shape, batch, context, args.steps, args.rounds,
                                                    device, bandwidth))
             except torch.cuda.OutOfMemoryError as exc:  # "where memory allows"
-                report["engine_skipped"][f"{batch}x{context}"] = f"out of device memory ({exc})".splitlines()[0]
+                report["engine_skipped"][f"{batch}x{context}"] = str(exc).splitlines()[0]
                 free_memory(device)
-    report["seconds"] = round(time.time() - start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "step_floor_smoke" if args.smoke else f"step_floor_{device_slug(report['device'])}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(report))
+            save()
+    save()
     log(f"wrote {args.out / stem}.md/.json in {report['seconds']} s")
     return 0
 

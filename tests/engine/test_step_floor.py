@@ -23,9 +23,10 @@ def step_floor():
 
 
 def test_smoke_run_writes_both_tables(step_floor, tmp_path):
+    pytest.importorskip("libcst")  # instrumenting the engine runs the CLI (a dependency; absent on bare GPU boxes)
     assert step_floor.main(["--smoke", "--out", str(tmp_path), "--engine-dir", str(tmp_path / "engine")]) == 0
     report = json.loads((tmp_path / "step_floor_smoke.json").read_text())
-    bandwidth = report["copy_bandwidth_GBps"] * 1e9
+    bandwidth = report["copy_bandwidth_Bps"]
 
     (llama,) = report["llama"]
     assert (llama["requests"], llama["context"]) == (2, 40)
