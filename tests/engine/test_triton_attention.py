@@ -213,6 +213,9 @@ def test_bad_shapes_name_the_problem(m, device):
     with pytest.raises(ValueError, match="dtypes differ"):
         attend(q.half(), k, v, r2t, forward_batch.req_pool_indices, forward_batch.positions, tokens_per_req=1,
                **kwargs)
+    with pytest.raises(ValueError, match="sliding window"):
+        attend(q, k, v, r2t, forward_batch.req_pool_indices, forward_batch.positions, tokens_per_req=1,
+               window=0, **kwargs)
     with pytest.raises(ValueError, match="num_splits"):
         attend(q, k, v, r2t, forward_batch.req_pool_indices, forward_batch.positions, tokens_per_req=1,
                sm_scale=0.25, num_splits=0)

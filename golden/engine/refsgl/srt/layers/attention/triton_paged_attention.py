@@ -14,6 +14,7 @@ outputs by their log-sum-exp. With one split, stage 1 writes the output directly
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -206,6 +207,11 @@ def row_blocking(tokens_per_req: int, group: int) -> tuple[int, int]:
     return block_m, triton.cdiv(rows, block_m)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: str) -> int:
+    return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+
+
 def choose_num_splits(batch_size: int, kv_heads: int, row_blocks: int, max_context: int, device,
                       block_n: int = 64, max_splits: int = 64) -> int:
     """Splits per request so the grid fills the device about 4 programs deep, never shorter than a block.
@@ -213,7 +219,7 @@ def choose_num_splits(batch_size: int, kv_heads: int, row_blocks: int, max_conte
     Host shapes only (no tensor is read), so the choice is fixed for a captured graph.
     """
     if torch.device(device).type == "cuda":
-        programs = 4 * torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+        programs = 4 * _multiprocessors(str(device))
     else:
         return 1  # Triton's interpreter runs programs one after another: more of them only cost time
     splits = triton.cdiv(programs, max(1, batch_size * kv_heads * row_blocks))
@@ -267,6 +273,8 @@ def paged_attention(
             raise ValueError(f"paged_attention: {name} needs a contiguous last dimension")
     if num_splits < 1:
         raise ValueError(f"paged_attention: num_splits must be >= 1, got {num_splits}")
+    if window is not None and window < 1:
+        raise ValueError(f"paged_attention: a sliding window must be >= 1 position, got {window}")
 
     group = q_heads // kv_heads
     block_m, row_blocks = row_blocking(tokens_per_req, group)
