@@ -1,22 +1,30 @@
 """check: the pre-commit gate. Every site holds a placeholder or its wiring, nothing stray, nothing half-wired,
-no forward path in a class that no site covers. Standard library only (no libcst), candidate files only.
+no forward path that runs outside every catalogued site. Standard library only (no libcst), candidate files only.
 
 Work is split in two: `file_report` turns one parsed file into a picklable `FileReport` (no AST
-objects, so a cache can keep it), and `tree_findings` applies the rules that need the whole tree
-(wiring is all-or-nothing across files) to the reports.
+objects, so a cache can keep it), and the tree pass applies the rules that need the whole tree
+(wiring is all-or-nothing across files; CI301 follows calls between files) to the reports.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite import findings as codes
-from canary_instrument.rewrite.files import SourceError
+from canary_instrument.rewrite.cache import CheckCache, content_hash
+from canary_instrument.rewrite.callgraph import CallGraph
+from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.locate import same_code
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, candidates, load, screen_round_trip
+from canary_instrument.rewrite.locate import analyse, same_code
+from canary_instrument.rewrite.prefilter import REACH, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
+from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
+from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
+
+_EXPANSION = "expansion"  # cache.extra: (fingerprint of every file's content, files a caller search found)
 
 
 @dataclass
@@ -30,23 +38,149 @@ class FileReport:
     wired: bool = False  # a site in this file holds generated wiring
     roles_expected: set[str] = field(default_factory=set)  # roles with a candidate location at this path
     roles_located: set[str] = field(default_factory=set)  # roles whose site or hook is in this file
+    reach: ReachFacts | None = None  # CI301's facts: functions, calls, triggers (None: not in the call graph)
 
 
-def check_tree(paths, catalog: Catalog) -> RunResult:
+def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
     result = RunResult()
-    reports: list[FileReport] = []
-    for path in candidates(paths, catalog, result):
-        try:
-            parsed = load(path, catalog)
-            if parsed.analysis.sites or parsed.analysis.hooks:
-                screen_round_trip(parsed)
-            reports.append(file_report(parsed, catalog))
-        except SourceError as error:
-            result.errors.append(error)
+    scan = _Scan(catalog, result, cache)
+    for item, st in python_files([Path(p) for p in paths], exclude=catalog.exclude):
+        if isinstance(item, SourceError):
+            result.errors.append(item)
+        else:
+            result.files_seen += 1
+            scan.file(item, st)
+    scan.expand()
+    if cache is not None and cache.enabled:
+        cache.retain(scan.seen.keys())
+        cache.save()
+    reports = [r for r in scan.reports.values() if r is not None]
     result.files_analysed = len(reports)
-    result.findings.extend(tree_findings(reports))
+    result.findings.extend(tree_findings([r for r in reports if scan.needs[str(r.path)] & SITES]))
+    result.findings.extend(uncovered_findings([(r.path, r.reach) for r in reports if r.reach is not None], catalog))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result
+
+
+class _Scan:
+    """One pass over the tree's files: what each needs, its report, and the callers CI301 needs."""
+
+    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None) -> None:
+        self.catalog = catalog
+        self.result = result
+        self.cache = cache if cache is not None and cache.enabled else None
+        self.prefilter = Prefilter(catalog)
+        self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
+        self.needs: dict[str, int] = {}
+        self.seen: dict[str, bytes] = {}  # every file -> its content hash
+        self.others: list[tuple[Path, os.stat_result]] = []  # files nothing needed (yet)
+        self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
+        self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
+
+    def file(self, path: Path, st) -> None:
+        key = str(path)
+        entry = self.cache.lookup(key, st) if self.cache is not None else None
+        if entry is None:
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                data = None
+            if data is None:
+                needs, digest = SITES | REACH, b""  # analyse() reports why it cannot be read
+            else:
+                digest = content_hash(data)
+                entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
+                needs = entry[4] if entry is not None else self.prefilter.needs(path.as_posix(), data)
+            if entry is None:
+                payload = self.analyse(path, data, needs) if needs else None
+                entry = (None, None, None, digest, needs, payload)
+            if not needs and data is not None:
+                self.data[key] = data
+            if self.cache is not None and data is not None and st is not None:
+                self.cache.store(key, st, digest, needs, entry[5])
+        self.seen[key] = entry[3]
+        needs, payload = entry[4], entry[5]
+        self.needs[key] = needs
+        if isinstance(payload, SourceError):
+            self.result.errors.append(payload)
+            self.reports[key] = None
+        elif needs:
+            self.reports[key] = payload
+        else:
+            self.others.append((path, st))
+            if payload is not None:
+                self.kept[key] = payload
+
+    def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
+        try:
+            source = read_source(path) if data is None else decode_source(path, data)
+            tree = parse_source(source)
+            lines = split_lines(source.text)
+            spans = []
+            if needs & SITES:
+                parsed = ParsedFile(source, tree, lines, analyse(path, tree, self.catalog, lines))
+                if parsed.analysis.sites or parsed.analysis.hooks:
+                    screen_round_trip(parsed)
+                report = file_report(parsed, self.catalog)
+                spans = site_spans(parsed.analysis)
+            else:
+                report = FileReport(path=path)
+            if needs & REACH and self.catalog.triggers:
+                report.reach = reach_facts(path, tree, lines, spans, self.catalog)
+            return report
+        except SourceError as error:
+            return error
+
+    def expand(self) -> None:
+        """Bring in the files that may call a function on an uncovered forward path, until none is left.
+
+        The call graph of the analysed files says which functions matter; a byte search of the other
+        files finds their callers (`CallerSearch`). When no file changed since the cache's run, that
+        run's outcome is reused without reading the other files."""
+        if not self.catalog.triggers:
+            return
+        fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
+        memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
+        if memo is not None and memo[0] == fingerprint and memo[1] <= self.kept.keys():
+            for key in memo[1]:
+                self.reports[key] = self.kept[key]
+            return
+        searched: set = set()
+        found_keys: list[str] = []
+        while True:
+            graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
+            wanted = callers_wanted(graph) - searched
+            if not wanted:
+                break
+            searched |= wanted
+            search = CallerSearch(wanted)
+            remaining = []
+            for path, st in self.others:
+                key = str(path)
+                data = self.data.get(key)
+                if data is None:
+                    try:
+                        with open(path, "rb") as handle:
+                            data = self.data[key] = handle.read()
+                    except OSError:
+                        continue
+                if not search.matches(data):
+                    remaining.append((path, st))
+                    continue
+                report = self.kept.get(key)
+                if report is None:
+                    report = self.analyse(path, data, REACH)
+                    if isinstance(report, SourceError):
+                        continue  # found only by this search, not a candidate: its errors are not check's
+                    if self.cache is not None and st is not None:
+                        self.cache.store(key, st, self.seen[key], 0, report)
+                self.reports[key] = report
+                found_keys.append(key)
+            self.others = remaining
+        if self.cache is not None:
+            self.cache.set_extra(_EXPANSION, (fingerprint, frozenset(found_keys)))
 
 
 def tree_findings(reports: list[FileReport]) -> list[Finding]:
@@ -158,10 +292,4 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
                 f"stray placeholder `{stray.name}` outside every catalogued site; remove it, or add its "
                 "site to the catalog",
             ))
-    for uncovered in analysis.uncovered:
-        add(parsed.finding(
-            uncovered.call, codes.UNCOVERED_FORWARD,
-            f"uncovered forward path: {uncovered.what} `{uncovered.name}(...)` in {uncovered.class_name}, "
-            "a class no catalogued site covers; add a site for it to the catalog",
-        ))
     return report

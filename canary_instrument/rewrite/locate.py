@@ -1,4 +1,4 @@
-"""Find the catalog's sites, hooks, generated members, stray placeholders and uncovered forward paths in one file.
+"""Find the catalog's sites, hooks, generated members and stray placeholders in one file.
 
 Standard-library `ast` only, so `check` stays fast. This is the one site-locating logic:
 `check` reports from it, and scaffold/apply/revert edit exactly the statements it names
@@ -177,14 +177,6 @@ class Stray:
 
 
 @dataclass
-class Uncovered:
-    call: ast.Call
-    name: str
-    what: str
-    class_name: str
-
-
-@dataclass
 class FileAnalysis:
     path: Path
     tree: ast.Module
@@ -193,7 +185,6 @@ class FileAnalysis:
     hooks: list[HookMatch] = field(default_factory=list)
     members: list[MemberInfo] = field(default_factory=list)
     strays: list[Stray] = field(default_factory=list)
-    uncovered: list[Uncovered] = field(default_factory=list)
     roles_expected: set[str] = field(default_factory=set)  # roles with a candidate at this path
     manager_conflicts: list[tuple[ast.ClassDef, str, str]] = field(default_factory=list)
 
@@ -280,8 +271,6 @@ def _locate_with_item(site: Site, method) -> tuple | None:
 
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
-    from canary_instrument.rewrite.reach import find_uncovered
-
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
@@ -343,7 +332,6 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
         result.members.append(info)
 
     _find_strays(result, catalog)
-    find_uncovered(result, classes, catalog)
     return result
 
 
