@@ -19,7 +19,8 @@ from canary_instrument.rewrite.callgraph import CallGraph
 from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.locate import analyse, same_code
-from canary_instrument.rewrite.prefilter import REACH, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.parallel import map_two
+from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
 from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
 from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
@@ -45,19 +46,21 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
     """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
     result = RunResult()
     scan = _Scan(catalog, result, cache)
+    files = []
     for item, st in python_files([Path(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
             result.errors.append(item)
         else:
-            result.files_seen += 1
-            scan.file(item, st)
+            files.append((item, st))
+    result.files_seen = len(files)
+    scan.files(files)
     scan.expand()
     if cache is not None and cache.enabled:
         cache.retain(scan.seen.keys())
         cache.save()
     reports = [r for r in scan.reports.values() if r is not None]
     result.files_analysed = len(reports)
-    result.findings.extend(tree_findings([r for r in reports if scan.needs[str(r.path)] & SITES]))
+    result.findings.extend(tree_findings([r for r in reports if scan.needs[str(r.path)] & (SITES | ROLES)]))
     result.findings.extend(uncovered_findings([(r.path, r.reach) for r in reports if r.reach is not None], catalog))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result
@@ -78,30 +81,39 @@ class _Scan:
         self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
         self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
 
-    def file(self, path: Path, st) -> None:
+    def files(self, files: list[tuple[Path, os.stat_result | None]]) -> None:
+        """Examine every file (on two cores when many must be read) and record the outcomes in order."""
+        cached = [self.cache.lookup(str(path), st) if self.cache is not None else None for path, st in files]
+        todo = [i for i, entry in enumerate(cached) if entry is None]
+        weights = [files[i][1].st_size if files[i][1] is not None else 0 for i in todo]
+        for i, outcome in zip(todo, map_two(lambda i: self.examine(*files[i]), todo, weights)):
+            cached[i] = outcome
+        for (path, st), entry in zip(files, cached):
+            self.record(path, st, entry)
+
+    def examine(self, path: Path, st) -> tuple:
+        """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
         key = str(path)
-        entry = self.cache.lookup(key, st) if self.cache is not None else None
-        if entry is None:
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except OSError:
-                data = None
-            if data is None:
-                needs, digest = SITES | REACH, b""  # analyse() reports why it cannot be read
-            else:
-                digest = content_hash(data)
-                entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
-                needs = entry[4] if entry is not None else self.prefilter.needs(path.as_posix(), data)
-            if entry is None:
-                payload = self.analyse(path, data, needs) if needs else None
-                entry = (None, None, None, digest, needs, payload)
-            if not needs and data is not None:
-                self.data[key] = data
-            if self.cache is not None and data is not None and st is not None:
-                self.cache.store(key, st, digest, needs, entry[5])
-        self.seen[key] = entry[3]
-        needs, payload = entry[4], entry[5]
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return (None, None, None, b"", SITES | REACH, self.analyse(path, None, SITES | REACH))
+        digest = content_hash(data) if self.cache is not None else b""
+        entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
+        if entry is not None:
+            return (None, None, None, digest, entry[4], entry[5])
+        needs = self.prefilter.needs(path.as_posix(), data)
+        if not needs:
+            self.data[key] = data  # for the caller search (in a forked child, simply dropped)
+        return (None, None, None, digest, needs, self.analyse(path, data, needs) if needs else None)
+
+    def record(self, path: Path, st, entry: tuple) -> None:
+        key = str(path)
+        digest, needs, payload = entry[3], entry[4], entry[5]
+        if self.cache is not None and st is not None and entry[0] is None and digest:
+            self.cache.store(key, st, digest, needs, payload)
+        self.seen[key] = digest
         self.needs[key] = needs
         if isinstance(payload, SourceError):
             self.result.errors.append(payload)
@@ -115,6 +127,8 @@ class _Scan:
 
     def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
         try:
+            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
+                return FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
             source = read_source(path) if data is None else decode_source(path, data)
             tree = parse_source(source)
             lines = split_lines(source.text)
@@ -126,12 +140,28 @@ class _Scan:
                 report = file_report(parsed, self.catalog)
                 spans = site_spans(parsed.analysis)
             else:
-                report = FileReport(path=path)
+                report = FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
             if needs & REACH and self.catalog.triggers:
                 report.reach = reach_facts(path, tree, lines, spans, self.catalog)
             return report
         except SourceError as error:
             return error
+
+    def _roles(self, path: Path) -> set[str]:
+        """The roles with a candidate location at this path (what locate reports as expected there)."""
+        posix = path.as_posix()
+        return {entry.role for entry, location in self.catalog.locations() if location.matches_path(posix)}
+
+    def _bytes(self, path: Path) -> bytes:
+        key = str(path)
+        data = self.data.get(key)
+        if data is None:
+            try:
+                with open(path, "rb") as handle:
+                    data = self.data[key] = handle.read()
+            except OSError:
+                data = b""
+        return data
 
     def expand(self) -> None:
         """Bring in the files that may call a function on an uncovered forward path, until none is left.
@@ -149,36 +179,31 @@ class _Scan:
             return
         searched: set = set()
         found_keys: list[str] = []
+        search = None
         while True:
             graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
             wanted = callers_wanted(graph) - searched
-            if not wanted:
+            if not wanted or not self.others:
                 break
             searched |= wanted
-            search = CallerSearch(wanted)
-            remaining = []
-            for path, st in self.others:
+            if search is None:
+                others = self.others
+                search = CallerSearch([self._bytes(path) for path, _ in others])
+                taken: set[int] = set()
+            hits = sorted(search.find(wanted) - taken)
+            taken.update(hits)
+            for index in hits:
+                path, st = others[index]
                 key = str(path)
-                data = self.data.get(key)
-                if data is None:
-                    try:
-                        with open(path, "rb") as handle:
-                            data = self.data[key] = handle.read()
-                    except OSError:
-                        continue
-                if not search.matches(data):
-                    remaining.append((path, st))
-                    continue
                 report = self.kept.get(key)
                 if report is None:
-                    report = self.analyse(path, data, REACH)
+                    report = self.analyse(path, self.data.get(key), REACH)
                     if isinstance(report, SourceError):
                         continue  # found only by this search, not a candidate: its errors are not check's
-                    if self.cache is not None and st is not None:
+                    if self.cache is not None and st is not None and key in self.seen:
                         self.cache.store(key, st, self.seen[key], 0, report)
                 self.reports[key] = report
                 found_keys.append(key)
-            self.others = remaining
         if self.cache is not None:
             self.cache.set_extra(_EXPANSION, (fingerprint, frozenset(found_keys)))
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from bisect import bisect_right
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.naming import receiver_fits
 
-SITES = 1  # a catalog location or a placeholder: sites, hooks, members, strays
+SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
 REACH = 2  # a trigger call: the file's functions join CI301's call graph
+ROLES = 4  # a catalog location: the roles expected there (CI102), even with nothing else to analyse
 
 _STRAY = re.compile(rb"canary\w*_ctx")  # what locate's stray rule calls canary-named
 
@@ -23,12 +25,44 @@ def _literal_fragments(pattern: str) -> list[str]:
     return [f for f in re.split(r"[*?\[\]]", pattern) if f.strip(".")]
 
 
+def _merge_literals(literals: set[str]) -> set[str]:
+    """Fewer literals for the byte scan: two that share a substring as specific as an identifier
+    part (6+ characters with `_` or `.`, e.g. `_runner`) become that substring."""
+    words = set(literals)
+    merged = True
+    while merged:
+        merged = False
+        ordered = sorted(words)
+        for index, first in enumerate(ordered):
+            for second in ordered[index + 1 :]:
+                common = _longest_common_substring(first, second)
+                if len(common) >= 6 and ("_" in common or "." in common):
+                    words -= {first, second}
+                    words.add(common)
+                    merged = True
+                    break
+            if merged:
+                break
+    return words
+
+
+def _longest_common_substring(first: str, second: str) -> str:
+    best = ""
+    for start in range(len(first)):
+        for end in range(start + len(best) + 1, len(first) + 1):
+            if first[start:end] in second:
+                best = first[start:end]
+            else:
+                break
+    return best
+
+
 def trigger_regex(pattern: str) -> bytes:
     """A regex that every mention of a call matching catalog pattern `pattern` satisfies.
 
-    Starts at the first literal character (a leading `*` needs no regex: search finds the rest),
-    dots may have spaces around them, and no `(` is required so that an alias
-    (`fwd = self.model_runner.model.forward`) counts as a mention too.
+    Starts at the first literal character (a leading `*` needs no regex: search finds the rest) and
+    lets dots have spaces around them; `code_use` then tells a call (or a callable passed on or
+    aliased) from a mention in a comment or a docstring.
     """
     body = pattern.lstrip("*")
     out = []
@@ -54,78 +88,151 @@ class Prefilter:
         self._placeholders = sorted(
             name.encode() for name in catalog.placeholder_names | {catalog.member} if not _STRAY.fullmatch(name.encode())
         )
-        # Per trigger pattern: its longest literal (a cheap test), then the exact regex.
-        by_word: dict[bytes, list[bytes]] = {}
+        # Per trigger pattern its longest literal, a cheap test before the exact regex; literals that
+        # share an identifier part (`graph_runner`, `draft_runner.forward` -> `_runner`) merge into
+        # it, since one pass over every file per literal is what this costs.
+        regexes_by_literal: dict[str, list[bytes]] = {}
         for trigger in catalog.triggers:
             for pattern in trigger.calls:
-                word = max(_literal_fragments(pattern), key=len, default="").strip(".")
-                by_word.setdefault(word.encode(), []).append(trigger_regex(pattern))
-        self._triggers = [(word, re.compile(b"|".join(regexes))) for word, regexes in sorted(by_word.items())]
+                literal = max(_literal_fragments(pattern), key=len, default="").strip(".")
+                regexes_by_literal.setdefault(literal, []).append(trigger_regex(pattern))
+        merged = _merge_literals(set(regexes_by_literal))
+        self._triggers = [
+            (word.encode(), re.compile(b"|".join(r for literal in sorted(regexes_by_literal) if word in literal
+                                                 for r in regexes_by_literal[literal])))
+            for word in sorted(merged)
+        ]
+        # A catalog location holds a site or hook only in a class its candidates name.
+        self._classes: list[tuple[re.Pattern, re.Pattern]] = []
+        for path_pattern in sorted(patterns):
+            names = sorted({c for _, loc in catalog.locations() if loc.path == path_pattern for c in loc.classes})
+            regex = "|".join(fnmatch.translate(c).replace(r"(?s:", "(?:").replace(r")\Z", ")").replace(".*", r"\w*")
+                             for c in names)
+            self._classes.append((
+                re.compile(f"(?:{fnmatch.translate(path_pattern)})|(?:{fnmatch.translate('*/' + path_pattern)})"),
+                re.compile(rf"^[ \t]*class[ \t]+(?:{regex})\b".encode(), re.MULTILINE),
+            ))
 
     def path_matches(self, posix: str) -> bool:
         return self._path is not None and self._path.match(posix) is not None
 
     def needs(self, posix: str, data: bytes) -> int:
-        """SITES | REACH bits for a file (0: nothing to analyse)."""
-        flags = 0
-        if self.path_matches(posix):
-            flags = SITES | REACH
-        elif (b"canary" in data and _STRAY.search(data) is not None) or any(p in data for p in self._placeholders):
-            flags = SITES | REACH
-        elif self.has_trigger(data):
-            flags = REACH
-        return flags
+        """SITES | REACH | ROLES bits for a file (0: nothing to analyse). A file at a catalog
+        location gets site analysis only when it holds a candidate class or a canary word: anything
+        else there can hold no site, hook or placeholder, only the roles CI102 expects at its path."""
+        located = self.path_matches(posix)
+        flags = ROLES if located else 0
+        if b"canary" in data or any(p in data for p in self._placeholders):
+            if located or _STRAY.search(data) is not None or any(p in data for p in self._placeholders):
+                return flags | SITES | REACH
+        if located and self.holds_candidate_class(posix, data):
+            return flags | SITES | REACH
+        return flags | REACH if self.has_trigger(data) else flags
+
+    def holds_candidate_class(self, posix: str, data: bytes) -> bool:
+        return any(path.match(posix) and classes.search(data) for path, classes in self._classes)
 
     def has_trigger(self, data: bytes) -> bool:
-        return any(word in data and regex.search(data) is not None for word, regex in self._triggers)
+        for word, regex in self._triggers:
+            if word in data:
+                for match in regex.finditer(data):
+                    if code_use(data, match.start(), match.end()):
+                        return True
+        return False
+
+
+def code_use(data: bytes, start: int, end: int) -> bool:
+    """Whether the name at data[start:end] is called (`name(`), or passed on or aliased as a value
+    (`f(x, name)`, `fwd = name`), rather than mentioned in a comment or a docstring's prose."""
+    line_start = data.rfind(b"\n", 0, start) + 1
+    if data[line_start:start].lstrip()[:1] == b"#":
+        return False
+    after = data[end : end + 80].lstrip()[:1]
+    if after == b"(":
+        return True
+    if after not in (b",", b")", b"\n", b"\r", b"", b"#"):
+        return False
+    before = start
+    while before > 0 and (data[before - 1 : before].isalnum() or data[before - 1 : before] in (b"_", b".")):
+        before -= 1
+    return data[max(0, before - 80) : before].rstrip()[-1:] in (b"(", b",", b"=", b"[")
 
 
 # -- callers: which other files may call a function on an uncovered path ----------------------------
 
 class CallerSearch:
-    """Finds, in raw bytes, the files that may call one of a set of functions: by its name, on a receiver
-    whose name fits the function's class (or as a plain name for a function or a constructor), or that
-    subclass one of those classes (a subclass inherits the calls on `self`)."""
+    """Finds, in the raw bytes of many files, those that may call one of a set of functions: by its name
+    on a receiver whose name fits the function's class, as a plain name for a function or a
+    constructor, or that subclass one of those classes (a subclass inherits the calls on `self`).
 
-    def __init__(self, wanted) -> None:
-        """`wanted`: ("call", name, class or None) and ("subclass", class) entries (`uncovered.callers_wanted`)."""
-        calls: dict[bytes, set[str | None]] = {}
+    The files are searched as one buffer, one `bytes.find` pass per distinct name (the cost that
+    matters on a tree of thousands of files); each hit is then judged where it stands.
+    """
+
+    def __init__(self, datas: list[bytes]) -> None:
+        self._big = b"\0".join(datas)
+        self._starts = []
+        offset = 0
+        for data in datas:
+            self._starts.append(offset)
+            offset += len(data) + 1
+
+    def find(self, wanted) -> set[int]:
+        """Indexes of the files that hold a use `wanted` names: ("call", name, class or None) and
+        ("subclass", class) entries (`uncovered.callers_wanted`)."""
+        owners: dict[str, set[str | None]] = {}
         bases: set[str] = set()
         for entry in wanted:
             if entry[0] == "call":
-                calls.setdefault(entry[1].encode(), set()).add(entry[2])
+                owners.setdefault(entry[1], set()).add(entry[2])
             else:
                 bases.add(entry[1])
-        # Each regex starts with the literal name, so a search skips to it; the receiver is read backwards.
-        self._calls = [
-            (word, owners, re.compile(rb"(?<!\w)" + re.escape(word) + rb"(?!\w)"))
-            for word, owners in sorted(calls.items(), key=lambda item: item[0])
-        ]
-        self._bases = [
-            (name.encode(), re.compile(rb"\bclass\s+\w+\s*\([^)]*(?<![\w])" + re.escape(name.encode()) + rb"(?!\w)"))
-            for name in sorted(bases)
-        ]
+        big = self._big
+        found: set[int] = set()
+        for word in sorted(owners.keys() | bases):
+            needle = word.encode()
+            classes = owners.get(word, set())
+            position = big.find(needle)
+            while position >= 0:
+                end = position + len(needle)
+                if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
+                    index = bisect_right(self._starts, position) - 1
+                    if index not in found and (
+                        (word in bases and _in_class_bases(big, position))
+                        or (classes and _a_call_of(big, position, end, classes))
+                    ):
+                        found.add(index)
+                position = big.find(needle, end)
+        return found
 
-    def matches(self, data: bytes) -> bool:
-        for word, regex in self._bases:
-            if word in data and regex.search(data) is not None:
-                return True
-        for word, owners, regex in self._calls:
-            if word not in data:
-                continue
-            for match in regex.finditer(data):
-                receiver = _receiver_before(data, match.start())
-                if receiver is None:
-                    if None in owners:  # a plain function or a constructor, called or passed by name
-                        return True
-                    continue
-                if receiver in ("self", "cls", "super"):
-                    continue  # within a class: its own file, or a subclass's (found by its bases)
-                if any(c is not None and receiver_fits(receiver, c) for c in owners):
-                    return True
-                if None in owners and receiver[:1].islower():
-                    return True  # `module.function(...)`
+
+def _identifier_byte(data: bytes, index: int) -> bool:
+    if index < 0 or index >= len(data):
         return False
+    byte = data[index]
+    return byte == 95 or 48 <= byte <= 57 or 65 <= byte <= 90 or 97 <= byte <= 122 or byte >= 128
+
+
+def _in_class_bases(data: bytes, position: int) -> bool:
+    """Whether data[position:] stands in the bases of a class statement (`class X(Base, ...)`)."""
+    line_start = data.rfind(b"\n", 0, position) + 1
+    return _CLASS_HEAD.match(data, line_start, position) is not None
+
+
+_CLASS_HEAD = re.compile(rb"[ \t]*class\s+\w+\s*\([^)#]*\Z")
+
+
+def _a_call_of(data: bytes, start: int, end: int, classes: set[str | None]) -> bool:
+    if not code_use(data, start, end):
+        return False
+    receiver = _receiver_before(data, start)
+    if receiver is None:
+        return None in classes  # a plain function or a constructor, called or passed by its name
+    if receiver in ("self", "cls", "super"):
+        return False  # within a class: its own file, or a subclass's (found by its bases)
+    if None in classes and receiver[:1].islower():
+        return True  # `module.function(...)`
+    return any(c is not None and receiver_fits(receiver, c) for c in classes)
 
 
 _IDENTIFIER_END = re.compile(rb"\w+\Z")

@@ -10,6 +10,7 @@ that some path reaches outside every catalogued site.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -18,6 +19,9 @@ from pathlib import Path
 from canary_instrument.catalog import Catalog, call_matches
 
 MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class-body) code
+# A `with` on a canary-named variable is a bracket whether or not the catalog locates its site
+# (locate's stray rule names the same variables; CI103 reports the uncatalogued ones).
+_BRACKET = re.compile(r"canary\w*_ctx\Z")
 
 # Call targets, as plain tuples resolved in the tree pass:
 #   ("self", m)              self.m(...): the method of the enclosing class, its bases and overrides
@@ -137,7 +141,8 @@ class _FactsBuilder:
         parts = self.module.split(".")
         self.package = parts if Path(path).stem == "__init__" else parts[:-1]
         self.lines = lines
-        self.spans = spans
+        self.spans = list(spans)
+        self.brackets = catalog.placeholder_names
         self.triggers = [(p, t) for t in catalog.triggers for p in t.calls]
         self.kv = catalog.kv_forward
         self.imports: dict[str, str] = {}
@@ -265,6 +270,8 @@ class _FactsBuilder:
         elif kind is ast.Import or kind is ast.ImportFrom:
             self.add_import(node)
             return
+        elif kind is ast.With or kind is ast.AsyncWith:
+            self.bracket(node)
         elif kind is ast.Name:
             if type(node.ctx) is ast.Load:
                 key = (node.id, self.site_at(node))
@@ -282,6 +289,17 @@ class _FactsBuilder:
                 return
         for child in ast.iter_child_nodes(node):
             self.walk(child, scope, cls)
+
+    def bracket(self, node) -> None:
+        """A `with` holding a canary-named item: what runs inside it (the later items and the body)
+        runs under a canary context."""
+        for item in node.items:
+            expr = item.context_expr
+            if isinstance(expr, ast.Name) and (expr.id in self.brackets or _BRACKET.match(expr.id)):
+                self.spans.append((
+                    f"`with {expr.id}`", (expr.lineno, expr.col_offset), (node.end_lineno, node.end_col_offset),
+                ))
+                return
 
     def function(self, node, parent: _Scope, cls: str | None) -> None:
         for decorator in node.decorator_list:

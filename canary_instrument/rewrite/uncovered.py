@@ -1,6 +1,8 @@
 """check's CI301 over the whole tree: a trigger call that some path reaches outside every catalogued site.
 
-A function is *exposed* when a path of calls reaches it without passing through a catalogued site:
+A call is inside a site when it sits in a located site's statements or in a `with` on a canary-named
+variable (a bracket the catalog does not locate is CI103's to report, not CI301's).
+A function is *exposed* when a path of calls reaches it without passing through a site:
 from module-level code, or from a function nothing in the tree calls (an entry point), along calls
 that are not inside a site. A forward trigger in an exposed function, outside a site, is reported;
 a graph capture or replay only when what it captures or replays reaches a KV-reading forward.
@@ -71,7 +73,8 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
         fn = graph.defs[key]
         if fn.qualname == MODULE or ".<locals>." in fn.qualname:
             continue  # module code runs on import; a nested function is called where it is defined
-        if key in via and (via[key] is not None or hops > ROOT_SEARCH):
+        root = key in via and via[key] is None
+        if key in via and (not root or hops > ROOT_SEARCH):
             continue
         if fn.cls is None:
             wanted.add(("call", fn.qualname, None))
@@ -81,7 +84,10 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
         wanted.add(("subclass", cls))
         if name == "__init__":
             wanted.add(("call", cls, None))
-        elif not (name.startswith("__") and name.endswith("__")):
+        elif root or not name.startswith("_"):
+            # A private method is called on `self` (its class's file, or a subclass's, found by the
+            # subclass search); its calls on other objects are looked for only where it would
+            # otherwise count as an entry point (each name searched costs a pass over the tree).
             wanted.add(("call", name, cls))
     return wanted
 
@@ -156,9 +162,9 @@ def _finding(graph: CallGraph, key: DefKey, trigger: TriggerCall, via) -> Findin
         module = graph.files[root[0]][1].module.rpartition(".")[2]
         how = f"reached from module-level code of {module}: {names.replace(MODULE + ' -> ', '')}"
     elif root == key:
-        how = f"nothing in the tree calls {graph.describe(key)}"
+        how = f"nothing found in the tree calls {graph.describe(key)}"
     else:
-        how = f"reached from {graph.describe(root)}, which nothing in the tree calls: {names}"
+        how = f"reached from {graph.describe(root)}, which nothing found in the tree calls: {names}"
     return Finding(
         graph.files[key[0]][0], trigger.line, trigger.col, UNCOVERED_FORWARD,
         f"uncovered forward path: {trigger.what} `{trigger.name}(...)` in {graph.describe(key)} runs outside "
