@@ -33,6 +33,9 @@ class CallGraph:
         self.methods_by_name: dict[str, list[DefKey]] = defaultdict(list)
         self.names: dict[str, set[str]] = defaultdict(set)
         self.modules = [facts.module.split(".") if facts.module else [] for _, facts in files]
+        # Folder names of the analysed files: a qualified name starting with one (`sglang.`) is of this
+        # tree even when its file was not analysed; one that does not (`torch.`) is outside it.
+        self.packages = {part for parts in self.modules for part in parts}
         for index, (_, facts) in enumerate(files):
             for cls in facts.classes:
                 key = (index, cls.qualname)
@@ -155,7 +158,8 @@ class CallGraph:
         return sorted(self.names.get(attribute, ()))
 
     def instances(self, types, name: str, cls: ClassKey | None) -> list[DefKey] | None:
-        """Methods `name` of the given type sources; None when no source says anything (untyped)."""
+        """Methods `name` of the objects the type sources describe; None when they say nothing useful
+        (naming decides), [] when they name only classes outside the tree (torch, typing, ...)."""
         qualified = []
         for source in types:
             if isinstance(source, tuple):
@@ -165,13 +169,24 @@ class CallGraph:
                     qualified.extend(self.attribute_types(cls, source[1]))
             else:
                 qualified.append(source)
-        if not qualified:
-            return None
-        found = []
+        classes: list[ClassKey] = []
+        unknown = not qualified
         for q in qualified:
-            for key in self.classes_of(q):
-                found.extend(self.method(key, name))
-        return found
+            found = self.classes_of(q)
+            classes.extend(found)
+            if not found and q.partition(".")[0] in self.packages:
+                unknown = True  # a class of this tree whose file was not analysed
+        return self.methods_of(classes, name, unknown)
+
+    def methods_of(self, classes: list[ClassKey], name: str, unknown: bool) -> list[DefKey] | None:
+        """`name` on instances of `classes`; None (naming decides) when they are not known or none of
+        them has the method (an annotation wider than the object)."""
+        found = []
+        for key in classes:
+            found.extend(self.method(key, name))
+        if found:
+            return found
+        return None if unknown or classes else []
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
@@ -214,6 +229,17 @@ class CallGraph:
             found = self.instances(sorted(self.names.get(word, ())), name, None)
         elif kind == "typed":
             return self.instances(target[1], target[2], self.self_class(caller)) or []
+        elif kind == "ret":
+            _, inner, name, word = target
+            found = None
+            for key in self.resolve(caller, inner) if inner is not None else ():
+                fn = self.defs[key]
+                if inner[0] == "global" and fn.qualname.rpartition(".")[2] == "__init__" and fn.cls is not None:
+                    got = self.methods_of([(key[0], fn.cls)], name, True)  # Foo(...).m(): a Foo
+                else:
+                    got = self.instances(fn.returns, name, self.self_class(key)) if fn.returns else None
+                if got is not None:
+                    found = (found or []) + got
         else:  # "name"
             _, name, word = target
             found = None

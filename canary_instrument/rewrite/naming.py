@@ -1,7 +1,8 @@
 """What a name says about the object it holds, by the naming convention engine code follows.
 
 CI301 uses it where nothing types a receiver: `self.cuda_graph_runner.execute(...)` can reach
-`EagerRunner.execute` (a runner), `state.capture(...)` cannot reach `CPUGraphRunner.capture`.
+`EagerRunner.execute` (a runner), `state.capture(...)` cannot reach `CPUGraphRunner.capture`, nor
+`self.graphs[key].replay()` a graph runner's `replay`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ def head_noun(identifier: str) -> str | None:
 
 def receiver_fits(receiver: str | None, class_name: str) -> bool:
     """Whether an object named `receiver` can, by naming convention, be an instance of `class_name`:
-    its head noun is a word of the class name (`cuda_graph_runner` fits `EagerRunner`; `state`,
-    `connection` or `algo` fit no runner)."""
+    both name the same kind of thing, their head nouns agree (`cuda_graph_runner` and
+    `get_runner()` fit `EagerRunner`; `state`, `graphs[key]` or `model` fit no runner)."""
     if receiver is None:
         return True
     noun = head_noun(receiver)
-    return noun is not None and noun in name_tokens(class_name)
+    return noun is not None and noun == head_noun(class_name)

@@ -31,8 +31,10 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 #   ("typed", types, m)      v.m(...) for a local or parameter annotated or constructed with `types`
 #   ("global", q)            a qualified name (an import, or a function or class of this file)
 #   ("def", qualname)        a function nested in the enclosing one, by its qualified name
-#   ("name", m, word)        .m(...) on anything else (`self.runners[i].m`, `get_runner().m`); `word`
-#                            names the receiver (`runners`, `get_runner`) or is None
+#   ("ret", t, m, word)      f(...).m(...): m on what the call of target t returns (its return annotation,
+#                            or the class it constructs)
+#   ("name", m, word)        .m(...) on anything else (`self.runners[i].m`); `word` names the receiver
+#                            (`runners`) or is None
 # An untyped receiver (attr, var, name) may be any class of the tree whose name its name fits
 # (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
@@ -67,6 +69,7 @@ class DefFacts:
     edges: tuple[Edge, ...]
     triggers: tuple[TriggerCall, ...]
     kv: bool  # makes a KV-reading forward call by shape (catalog `kv_forward`)
+    returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class _Scope:
     """A function being reduced to facts."""
 
     __slots__ = ("qualname", "cls", "line", "edges", "triggers", "kv", "types", "aliases", "nested", "refs",
-                 "batches", "parent")
+                 "batches", "parent", "returns")
 
     def __init__(self, qualname, cls, line, parent):
         self.qualname = qualname
@@ -133,6 +136,7 @@ class _Scope:
         self.nested: dict[str, str] = {}  # nested function name -> its qualname
         self.refs: dict = {}  # (name, site) -> line of a name read that may be a function reference
         self.batches: set[str] = set()
+        self.returns: tuple = ()
 
 
 class _FactsBuilder:
@@ -272,6 +276,11 @@ class _FactsBuilder:
             return
         elif kind is ast.With or kind is ast.AsyncWith:
             self.bracket(node)
+        elif kind is ast.Return and node.value is not None and not scope.returns:
+            value = node.value
+            while isinstance(value, ast.Subscript):
+                value = value.value  # `return self.runners[step]`: an element of what `runners` holds
+            scope.returns = self.value_types(value, scope)
         elif kind is ast.Name:
             if type(node.ctx) is ast.Load:
                 key = (node.id, self.site_at(node))
@@ -314,6 +323,7 @@ class _FactsBuilder:
             qualname, owner = f"{parent.qualname}.<locals>.{node.name}", None
             parent.nested[node.name] = qualname
         scope = _Scope(qualname, owner, node.lineno, parent if cls is None and parent.qualname != MODULE else None)
+        scope.returns = tuple(("q", t) for t in self.annotation_types(node.returns))
         args = node.args
         for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
             if arg is None:
@@ -348,7 +358,9 @@ class _FactsBuilder:
             if target is not None and (target, site) not in edges and _lookup(scope, "types", name) is None:
                 edges[(target, site)] = Edge(target, line, site, call=False)
         edges = list(edges.values())
-        self.defs.append(DefFacts(scope.qualname, scope.cls, scope.line, tuple(edges), tuple(scope.triggers), scope.kv))
+        self.defs.append(DefFacts(
+            scope.qualname, scope.cls, scope.line, tuple(edges), tuple(scope.triggers), scope.kv, scope.returns,
+        ))
 
     # -- statements and calls -------------------------------------------------------------------------
     def assign(self, targets, value, annotation, scope: _Scope, cls: str | None) -> None:
@@ -441,8 +453,12 @@ class _FactsBuilder:
                     return ("global", self.qualify(f"{dotted}.{method}"))
             on_self = isinstance(receiver.value, ast.Name) and receiver.value.id == "self"
             return ("attr", receiver.attr, method, on_self)
-        if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "super":
-            return ("super", method)
+        if isinstance(receiver, ast.Call):
+            if isinstance(receiver.func, ast.Name) and receiver.func.id == "super":
+                return ("super", method)
+            inner = receiver.func
+            word = inner.id if isinstance(inner, ast.Name) else inner.attr if isinstance(inner, ast.Attribute) else None
+            return ("ret", self.call_target(inner, scope), method, word)
         while isinstance(receiver, (ast.Subscript, ast.Call)):
             receiver = receiver.value if isinstance(receiver, ast.Subscript) else receiver.func
         word = receiver.id if isinstance(receiver, ast.Name) else receiver.attr if isinstance(receiver, ast.Attribute) else None
