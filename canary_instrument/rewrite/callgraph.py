@@ -33,9 +33,11 @@ class CallGraph:
         self.methods_by_name: dict[str, list[DefKey]] = defaultdict(list)
         self.names: dict[str, set[str]] = defaultdict(set)
         self.modules = [facts.module.split(".") if facts.module else [] for _, facts in files]
-        # Folder names of the analysed files: a qualified name starting with one (`sglang.`) is of this
-        # tree even when its file was not analysed; one that does not (`torch.`) is outside it.
-        self.packages = {part for parts in self.modules for part in parts}
+        # Folder names of the analysed files: a qualified name through one (`sglang.srt.`) is of this
+        # tree even when its file was not analysed; one through none (`torch.`, `typing.`) is outside it.
+        self.packages = {part for parts in self.modules for part in parts[:-1]}
+        self.missing: set[str] | None = None  # when a set: unanalysed classes whose calls naming resolved
+        self._unanalysed: list[str] = []
         for index, (_, facts) in enumerate(files):
             for cls in facts.classes:
                 key = (index, cls.qualname)
@@ -174,8 +176,9 @@ class CallGraph:
         for q in qualified:
             found = self.classes_of(q)
             classes.extend(found)
-            if not found and q.partition(".")[0] in self.packages:
+            if not found and not self.packages.isdisjoint(q.split(".")[:-1]):
                 unknown = True  # a class of this tree whose file was not analysed
+                self._unanalysed.append(q.rpartition(".")[2])
         return self.methods_of(classes, name, unknown)
 
     def methods_of(self, classes: list[ClassKey], name: str, unknown: bool) -> list[DefKey] | None:
@@ -190,6 +193,7 @@ class CallGraph:
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
+        self._unanalysed = []
         kind = target[0]
         index = caller[0]
         if kind == "self":
@@ -245,13 +249,23 @@ class CallGraph:
             found = None
         if found is not None:
             return found
-        return [
+        by_naming = [
             key for key in self.methods_by_name.get(name, ())
             if receiver_fits(word, self.defs[key].cls.rpartition(".")[2])
         ]
+        if by_naming and self.missing is not None:
+            self.missing.update(self._unanalysed)  # its class would say which one it really is
+        return by_naming
 
     def describe(self, key: DefKey) -> str:
-        return self.defs[key].qualname.replace(".<locals>.", ".")
+        """`Class.method`, `module.function`, `Class.method.inner` for a nested function."""
+        fn = self.defs[key]
+        name = fn.qualname.replace(".<locals>.", ".")
+        outer = fn.qualname.split(".<locals>.")[0]
+        if fn.qualname != MODULE and "." not in outer:  # a module-level function (or one nested in it)
+            module = self.files[key[0]][1].module.rpartition(".")[2]
+            name = f"{module}.{name}" if module else name
+        return name
 
 
 def _module_score(module: list[str], file_module: list[str]) -> int:

@@ -141,10 +141,16 @@ class Prefilter:
         return False
 
 
+def _line_start(data: bytes, position: int) -> int:
+    """Start of the line holding `position` (files searched as one buffer are joined by NUL)."""
+    newline = data.rfind(b"\n", 0, position)
+    return max(newline, data.rfind(b"\0", newline + 1, position)) + 1
+
+
 def code_use(data: bytes, start: int, end: int) -> bool:
     """Whether the name at data[start:end] is called (`name(`), or passed on or aliased as a value
     (`f(x, name)`, `fwd = name`), rather than mentioned in a comment or a docstring's prose."""
-    line_start = data.rfind(b"\n", 0, start) + 1
+    line_start = _line_start(data, start)
     if data[line_start:start].lstrip()[:1] == b"#":
         return False
     after = data[end : end + 80].lstrip()[:1]
@@ -182,14 +188,17 @@ class CallerSearch:
         ("subclass", class) entries (`uncovered.callers_wanted`)."""
         owners: dict[str, set[str | None]] = {}
         bases: set[str] = set()
+        defined: set[str] = set()
         for entry in wanted:
             if entry[0] == "call":
                 owners.setdefault(entry[1], set()).add(entry[2])
-            else:
+            elif entry[0] == "subclass":
                 bases.add(entry[1])
+            else:
+                defined.add(entry[1])
         big = self._big
         found: set[int] = set()
-        for word in sorted(owners.keys() | bases):
+        for word in sorted(owners.keys() | bases | defined):
             needle = word.encode()
             classes = owners.get(word, set())
             position = big.find(needle)
@@ -199,6 +208,7 @@ class CallerSearch:
                     index = bisect_right(self._starts, position) - 1
                     if index not in found and (
                         (word in bases and _in_class_bases(big, position))
+                        or (word in defined and _defines_class(big, position))
                         or (classes and _a_call_of(big, position, end, classes))
                     ):
                         found.add(index)
@@ -215,10 +225,15 @@ def _identifier_byte(data: bytes, index: int) -> bool:
 
 def _in_class_bases(data: bytes, position: int) -> bool:
     """Whether data[position:] stands in the bases of a class statement (`class X(Base, ...)`)."""
-    line_start = data.rfind(b"\n", 0, position) + 1
-    return _CLASS_HEAD.match(data, line_start, position) is not None
+    return _CLASS_HEAD.match(data, _line_start(data, position), position) is not None
 
 
+def _defines_class(data: bytes, position: int) -> bool:
+    """Whether data[position:] is the name of a class statement (`class Name(...)` / `class Name:`)."""
+    return _CLASS_NAME.match(data, _line_start(data, position), position) is not None
+
+
+_CLASS_NAME = re.compile(rb"[ \t]*class[ \t]+\Z")
 _CLASS_HEAD = re.compile(rb"[ \t]*class\s+\w+\s*\([^)#]*\Z")
 
 

@@ -52,8 +52,10 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     cannot cover them.
 
     ("call", name, class) for a method (a receiver that fits the class), ("call", name, None) for a
-    plain function or, named by its class, a constructor, and ("subclass", class) for the classes
-    whose subclasses inherit calls on `self`."""
+    plain function or, named by its class, a constructor, ("subclass", class) for the classes
+    whose subclasses inherit calls on `self`, and ("define", class) for a class that types a
+    receiver on such a path but whose file was not analysed (so the call resolves by its class,
+    not by naming)."""
     kv = kv_reaching(graph)
     depth: dict[DefKey, int] = {}
     queue: deque[DefKey] = deque()
@@ -69,6 +71,12 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
                 queue.append(caller)
     via = exposed(graph)
     wanted: set[tuple] = set()
+    graph.missing = set()
+    for key in depth:
+        for edge in graph.defs[key].edges:
+            graph.resolve(key, edge.target, edge.call)
+    wanted.update(("define", name) for name in graph.missing)
+    graph.missing = None
     for key, hops in depth.items():
         fn = graph.defs[key]
         if fn.qualname == MODULE or ".<locals>." in fn.qualname:
