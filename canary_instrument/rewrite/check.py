@@ -26,6 +26,7 @@ from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, 
 from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
 
 _EXPANSION = "expansion"  # cache.extra: (fingerprint of every file's content, files a caller search found)
+_UNCOVERED = "uncovered"  # cache.extra: (that fingerprint, CI301's findings)
 
 
 @dataclass
@@ -47,7 +48,7 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
     result = RunResult()
     scan = _Scan(catalog, result, cache)
     files = []
-    for item, st in python_files([Path(p) for p in paths], exclude=catalog.exclude):
+    for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
             result.errors.append(item)
         else:
@@ -55,13 +56,13 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
     result.files_seen = len(files)
     scan.files(files)
     scan.expand()
+    reports = {key: r for key, r in scan.reports.items() if r is not None}
+    result.files_analysed = len(reports)
+    result.findings.extend(tree_findings([r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]))
+    result.findings.extend(scan.uncovered(reports))
     if cache is not None and cache.enabled:
         cache.retain(scan.seen.keys())
         cache.save()
-    reports = [r for r in scan.reports.values() if r is not None]
-    result.files_analysed = len(reports)
-    result.findings.extend(tree_findings([r for r in reports if scan.needs[str(r.path)] & (SITES | ROLES)]))
-    result.findings.extend(uncovered_findings([(r.path, r.reach) for r in reports if r.reach is not None], catalog))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result
 
@@ -77,13 +78,14 @@ class _Scan:
         self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
         self.needs: dict[str, int] = {}
         self.seen: dict[str, bytes] = {}  # every file -> its content hash
-        self.others: list[tuple[Path, os.stat_result]] = []  # files nothing needed (yet)
+        self.others: list[tuple[str, os.stat_result]] = []  # files nothing needed (yet)
         self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
         self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
+        self.fingerprint: bytes | None = None  # of every file's content (with a cache)
 
-    def files(self, files: list[tuple[Path, os.stat_result | None]]) -> None:
+    def files(self, files: list[tuple[str, os.stat_result | None]]) -> None:
         """Examine every file (on two cores when many must be read) and record the outcomes in order."""
-        cached = [self.cache.lookup(str(path), st) if self.cache is not None else None for path, st in files]
+        cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
         todo = [i for i, entry in enumerate(cached) if entry is None]
         weights = [files[i][1].st_size if files[i][1] is not None else 0 for i in todo]
         for i, outcome in zip(todo, map_two(lambda i: self.examine(*files[i]), todo, weights)):
@@ -91,9 +93,9 @@ class _Scan:
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
 
-    def examine(self, path: Path, st) -> tuple:
+    def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
-        key = str(path)
+        path = Path(key)
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -103,13 +105,12 @@ class _Scan:
         entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
         if entry is not None:
             return (None, None, None, digest, entry[4], entry[5])
-        needs = self.prefilter.needs(path.as_posix(), data)
+        needs = self.prefilter.needs(key if os.sep == "/" else path.as_posix(), data)
         if not needs:
             self.data[key] = data  # for the caller search (in a forked child, simply dropped)
         return (None, None, None, digest, needs, self.analyse(path, data, needs) if needs else None)
 
-    def record(self, path: Path, st, entry: tuple) -> None:
-        key = str(path)
+    def record(self, key: str, st, entry: tuple) -> None:
         digest, needs, payload = entry[3], entry[4], entry[5]
         if self.cache is not None and st is not None and entry[0] is None and digest:
             self.cache.store(key, st, digest, needs, payload)
@@ -121,7 +122,7 @@ class _Scan:
         elif needs:
             self.reports[key] = payload
         else:
-            self.others.append((path, st))
+            self.others.append((key, st))
             if payload is not None:
                 self.kept[key] = payload
 
@@ -152,16 +153,26 @@ class _Scan:
         posix = path.as_posix()
         return {entry.role for entry, location in self.catalog.locations() if location.matches_path(posix)}
 
-    def _bytes(self, path: Path) -> bytes:
-        key = str(path)
+    def _bytes(self, key: str) -> bytes:
         data = self.data.get(key)
         if data is None:
             try:
-                with open(path, "rb") as handle:
+                with open(key, "rb") as handle:
                     data = self.data[key] = handle.read()
             except OSError:
                 data = b""
         return data
+
+    def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
+        """CI301's findings; those of the cache's run when no file changed since (the call graph is
+        the largest part of a warm run)."""
+        memo = self.cache.extra.get(_UNCOVERED) if self.cache is not None else None
+        if memo is not None and self.fingerprint is not None and memo[0] == self.fingerprint:
+            return list(memo[1])
+        found = uncovered_findings([(r.path, r.reach) for r in reports.values() if r.reach is not None], self.catalog)
+        if self.cache is not None and self.fingerprint is not None:
+            self.cache.set_extra(_UNCOVERED, (self.fingerprint, tuple(found)))
+        return found
 
     def expand(self) -> None:
         """Bring in the files that may call a function on an uncovered forward path, until none is left.
@@ -171,7 +182,10 @@ class _Scan:
         run's outcome is reused without reading the other files."""
         if not self.catalog.triggers:
             return
-        fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
+        fingerprint = None
+        if self.cache is not None:
+            fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
+        self.fingerprint = fingerprint
         memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
         if memo is not None and memo[0] == fingerprint and memo[1] <= self.kept.keys():
             for key in memo[1]:
@@ -193,11 +207,10 @@ class _Scan:
             hits = sorted(search.find(wanted) - taken)
             taken.update(hits)
             for index in hits:
-                path, st = others[index]
-                key = str(path)
+                key, st = others[index]
                 report = self.kept.get(key)
                 if report is None:
-                    report = self.analyse(path, self.data.get(key), REACH)
+                    report = self.analyse(Path(key), self.data.get(key), REACH)
                     if isinstance(report, SourceError):
                         continue  # found only by this search, not a candidate: its errors are not check's
                     if self.cache is not None and st is not None and key in self.seen:

@@ -156,11 +156,12 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
     """Yield the `.py` files under `paths` in sorted order, and a SourceError for each bad entry
     (`python_files` without the stat results)."""
     for item, _ in python_files(paths, exclude):
-        yield item
+        yield Path(item) if isinstance(item, str) else item
 
 
-def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[Path | SourceError, os.stat_result | None]]:
-    """The `.py` files under `paths` in sorted order, each with its stat result (None for an error).
+def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[str | SourceError, os.stat_result | None]]:
+    """The `.py` files under `paths` in sorted order as path strings (a Path per file costs more than
+    the walk's system calls on a large tree), each with its stat result (None for an error).
 
     Directories in SKIPPED_DIRS and entries matching an `exclude` glob (against the name or the
     POSIX path relative to the given root) are skipped. Symlinked directories are followed once;
@@ -169,7 +170,7 @@ def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[Pat
     yielded once even when reachable through several links.
     """
     exclude = tuple(exclude)
-    found: list[tuple[str, Path | SourceError, os.stat_result | None]] = []
+    found: list[tuple[str, str | SourceError, os.stat_result | None]] = []
     seen_files: set[tuple[int, int]] = set()
     seen_dirs: set[tuple[int, int]] = set()
 
@@ -177,7 +178,7 @@ def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[Pat
         key = (st.st_dev, st.st_ino)
         if key not in seen_files:
             seen_files.add(key)
-            found.append((path, Path(path), st))
+            found.append((path, path, st))
 
     def error(path: str, exc: OSError) -> None:
         found.append((path, _os_error(Path(path), exc), None))

@@ -68,7 +68,7 @@ def examined(monkeypatch) -> list:
     original = check_module._Scan.examine
 
     def spy(self, path, st):
-        seen.append(path.name)
+        seen.append(os.path.basename(path))
         return original(self, path, st)
 
     monkeypatch.setattr(check_module._Scan, "examine", spy)
