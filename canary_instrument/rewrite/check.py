@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
@@ -74,7 +75,6 @@ class _Scan:
         self.catalog = catalog
         self.result = result
         self.cache = cache if cache is not None and cache.enabled else None
-        self.prefilter = Prefilter(catalog)
         self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
         self.needs: dict[str, int] = {}
         self.seen: dict[str, bytes] = {}  # every file -> its content hash
@@ -83,11 +83,21 @@ class _Scan:
         self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
         self.fingerprint: bytes | None = None  # of every file's content (with a cache)
 
+    @cached_property
+    def prefilter(self) -> Prefilter:
+        return Prefilter(self.catalog)  # its regexes cost more than a warm run's other work
+
     def files(self, files: list[tuple[str, os.stat_result | None]]) -> None:
         """Examine every file (on two cores when many must be read) and record the outcomes in order."""
         cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
         todo = [i for i, entry in enumerate(cached) if entry is None]
-        weights = [files[i][1].st_size if files[i][1] is not None else 0 for i in todo]
+        # Reading and scanning costs by size; parsing and analysing a file at a catalog location
+        # (the largest files of the tree) several times that.
+        weights = [
+            (files[i][1].st_size if files[i][1] is not None else 0) * (8 if self.prefilter.path_matches(
+                files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
+            for i in todo
+        ]
         for i, outcome in zip(todo, map_two(lambda i: self.examine(*files[i]), todo, weights)):
             cached[i] = outcome
         for (path, st), entry in zip(files, cached):

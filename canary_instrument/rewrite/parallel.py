@@ -16,7 +16,7 @@ from typing import Callable, Sequence, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-MIN_WEIGHT = 4_000_000  # below this much work (bytes to read), a fork costs more than it saves
+MIN_WEIGHT = 4_000_000  # below this much work (bytes to read or scan), a fork costs more than it saves
 
 
 def _can_fork() -> bool:

@@ -13,6 +13,7 @@ from bisect import bisect_right
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.naming import receiver_fits
+from canary_instrument.rewrite.parallel import map_two
 
 SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
 REACH = 2  # a trigger call: the file's functions join CI301's call graph
@@ -196,23 +197,33 @@ class CallerSearch:
                 bases.add(entry[1])
             else:
                 defined.add(entry[1])
-        big = self._big
+        words = sorted(owners.keys() | bases | defined)
+
+        def files_using(word: str) -> set[int]:
+            return self._files_using(word, owners.get(word, set()), word in bases, word in defined)
+
+        # One pass over the whole tree per word: the words share the two cores (parallel.map_two).
         found: set[int] = set()
-        for word in sorted(owners.keys() | bases | defined):
-            needle = word.encode()
-            classes = owners.get(word, set())
-            position = big.find(needle)
-            while position >= 0:
-                end = position + len(needle)
-                if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
-                    index = bisect_right(self._starts, position) - 1
-                    if index not in found and (
-                        (word in bases and _in_class_bases(big, position))
-                        or (word in defined and _defines_class(big, position))
-                        or (classes and _a_call_of(big, position, end, classes))
-                    ):
-                        found.add(index)
-                position = big.find(needle, end)
+        for hits in map_two(files_using, words, [len(self._big)] * len(words)):
+            found |= hits
+        return found
+
+    def _files_using(self, word: str, classes: set[str | None], base: bool, defined: bool) -> set[int]:
+        big = self._big
+        needle = word.encode()
+        found: set[int] = set()
+        position = big.find(needle)
+        while position >= 0:
+            end = position + len(needle)
+            if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
+                index = bisect_right(self._starts, position) - 1
+                if index not in found and (
+                    (base and _in_class_bases(big, position))
+                    or (defined and _defines_class(big, position))
+                    or (classes and _a_call_of(big, position, end, classes))
+                ):
+                    found.add(index)
+            position = big.find(needle, end)
         return found
 
 

@@ -13,10 +13,10 @@ import ast
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
+import fnmatch
 from pathlib import Path
 
-from canary_instrument.catalog import Catalog, call_matches
+from canary_instrument.catalog import Catalog
 
 MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class-body) code
 # A `with` on a canary-named variable is a bracket whether or not the catalog locates its site
@@ -39,7 +39,7 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 # (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Edge:
     """A call, or a reference to a function that is passed on or stored, inside one function."""
 
@@ -49,7 +49,7 @@ class Edge:
     call: bool = True  # False: a function read without a call (a reference to a class is no edge)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TriggerCall:
     name: str  # dotted name as written (an alias resolved: `fwd = self.model_runner.model.forward`)
     kind: str  # "forward" | "graph"
@@ -61,7 +61,7 @@ class TriggerCall:
     passed: tuple[tuple, ...]  # callables given as arguments (what a capture captures)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DefFacts:
     qualname: str  # `EagerRunner.execute`, `Runner.capture.<locals>.run_once`, or MODULE
     cls: str | None  # qualified name of the class it is a method of
@@ -72,7 +72,7 @@ class DefFacts:
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClassFacts:
     qualname: str
     line: int
@@ -80,7 +80,7 @@ class ClassFacts:
     attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReachFacts:
     """What the tree pass needs to know about one file."""
 
@@ -147,7 +147,8 @@ class _FactsBuilder:
         self.lines = lines
         self.spans = list(spans)
         self.brackets = catalog.placeholder_names
-        self.triggers = [(p, t) for t in catalog.triggers for p in t.calls]
+        self.triggers = _trigger_matchers(catalog)
+        self.kv_methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
         self.kv = catalog.kv_forward
         self.imports: dict[str, str] = {}
         self.top_names: set[str] = set()  # functions and classes defined at module level
@@ -296,8 +297,14 @@ class _FactsBuilder:
                 if (target, site) not in scope.edges:
                     scope.edges[(target, site)] = Edge(target, node.lineno, site, call=False)
                 return
-        for child in ast.iter_child_nodes(node):
-            self.walk(child, scope, cls)
+        for name in _fields(kind):
+            value = getattr(node, name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.walk(item, scope, cls)
+            elif isinstance(value, ast.AST):
+                self.walk(value, scope, cls)
 
     def bracket(self, node) -> None:
         """A `with` holding a canary-named item: what runs inside it (the later items and the body)
@@ -474,7 +481,7 @@ class _FactsBuilder:
         final = dotted.rpartition(".")[2] if dotted else None
         trigger = None
         if dotted is not None:
-            trigger = next((t for pattern, t in self.triggers if call_matches(dotted, pattern)), None)
+            trigger = next((t for regex, t in self.triggers if regex.match(dotted)), None)
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
@@ -492,7 +499,7 @@ class _FactsBuilder:
                 dotted, trigger.kind, trigger.what, node.lineno, col, site,
                 None if trigger.kind == "forward" else target, passed,
             ))
-        elif final is not None and not scope.kv and any(fnmatchcase(final, m) for m in self.kv.methods):
+        elif final is not None and not scope.kv and self.kv_methods.match(final):
             if self.takes_batch(node, scope):
                 scope.kv = True
 
@@ -508,6 +515,28 @@ class _FactsBuilder:
             if isinstance(value, ast.Attribute) and value.attr in self.kv.batch_names:
                 return True
         return False
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    """The child fields the walk visits: not `ctx` (Load/Store) nor annotations, which run no call."""
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = tuple(
+            f for f in kind._fields if f not in ("ctx", "annotation", "returns", "type_comment", "type_params")
+        )
+    return fields
+
+
+def _trigger_matchers(catalog: Catalog) -> list[tuple[re.Pattern, object]]:
+    """One compiled regex per trigger for `call_matches` over all its patterns (called once per call)."""
+    out = []
+    for trigger in catalog.triggers:
+        parts = [fnmatch.translate(p) for pattern in trigger.calls for p in (pattern, "*." + pattern)]
+        out.append((re.compile("|".join(f"(?:{part})" for part in parts)), trigger))
+    return out
 
 
 def _lookup(scope: _Scope, table: str, name: str):
