@@ -73,7 +73,7 @@ class CheckCache:
     """Per-file entries of one check invocation: `path -> (size, mtime_ns, ino, hash, needs, payload)`.
 
     `payload` is whatever check stores for the file (its FileReport, a SourceError, or None for a
-    file that needed no analysis); `extra` holds tree-level data check keeps between runs.
+    file that needed no analysis), pickled; `extra` holds tree-level data check keeps between runs.
     """
 
     def __init__(self, file: Path | None, key: bytes | None) -> None:
@@ -124,13 +124,22 @@ class CheckCache:
         return entry if entry is not None and entry[3] == digest else None
 
     def store(self, path: str, st: os.stat_result, digest: bytes, needs: int, payload) -> None:
+        """Keep a file's outcome; the payload is kept pickled, so that loading the cache costs little
+        and a run that does not need a file's report never unpickles it (`payload`)."""
+        if payload is not None and not isinstance(payload, bytes):
+            payload = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         entry = (st.st_size, st.st_mtime_ns, st.st_ino, digest, needs, payload)
         old = self.entries.get(path)
         if old is None or old[:5] != entry[:5]:
             self.changed = True
         self.entries[path] = entry
 
-    def retain(self, paths: set[str]) -> None:
+    @staticmethod
+    def payload(stored):
+        """A stored payload as an object (what `store` was given)."""
+        return pickle.loads(stored) if isinstance(stored, bytes) else stored
+
+    def retain(self, paths) -> None:
         """Forget files that are gone."""
         gone = self.entries.keys() - paths
         if gone:

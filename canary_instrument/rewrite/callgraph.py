@@ -55,6 +55,9 @@ class CallGraph:
             for name, types in facts.names:
                 self.names[name].update(types)
         self._symbols: dict[str, list] = {}
+        self._mro: dict[ClassKey, list[ClassKey]] = {}
+        self._descendants: dict[ClassKey, list[ClassKey]] = {}
+        self._method: dict[tuple, list[DefKey]] = {}
         self._bases: dict[ClassKey, list[ClassKey]] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
         for key, cls in self.classes.items():
@@ -104,6 +107,9 @@ class CallGraph:
         return [entry[1] for entry in self.symbol(qualified) if entry[0] == "class" and not entry[2]]
 
     def mro(self, key: ClassKey) -> list[ClassKey]:
+        cached = self._mro.get(key)
+        if cached is not None:
+            return cached
         order, stack, seen = [], [key], set()
         while stack:
             current = stack.pop(0)
@@ -112,9 +118,13 @@ class CallGraph:
             seen.add(current)
             order.append(current)
             stack.extend(self._bases.get(current, ()))
+        self._mro[key] = order
         return order
 
     def descendants(self, key: ClassKey) -> list[ClassKey]:
+        cached = self._descendants.get(key)
+        if cached is not None:
+            return cached
         out, stack, seen = [], list(self.subclasses.get(key, ())), {key}
         while stack:
             current = stack.pop()
@@ -122,10 +132,15 @@ class CallGraph:
                 seen.add(current)
                 out.append(current)
                 stack.extend(self.subclasses.get(current, ()))
+        self._descendants[key] = out
         return out
 
     def method(self, key: ClassKey, name: str, overrides: bool = True) -> list[DefKey]:
         """`name` looked up on an instance of class `key` (or, with `overrides`, of any subclass)."""
+        memo = (key, name, overrides)
+        cached = self._method.get(memo)
+        if cached is not None:
+            return cached
         found = []
         for cls in self.mro(key):
             target = self.methods.get(cls, {}).get(name)
@@ -137,6 +152,7 @@ class CallGraph:
                 target = self.methods.get(sub, {}).get(name)
                 if target is not None:
                     found.append(target)
+        self._method[memo] = found
         return found
 
     def self_class(self, key: DefKey) -> ClassKey | None:

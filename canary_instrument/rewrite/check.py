@@ -28,6 +28,7 @@ from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findin
 
 _EXPANSION = "expansion"  # cache.extra: (fingerprint of every file's content, files a caller search found)
 _UNCOVERED = "uncovered"  # cache.extra: (that fingerprint, CI301's findings)
+_RESULT = "result"  # cache.extra: (that fingerprint, findings, file errors, files analysed)
 
 
 @dataclass
@@ -56,15 +57,25 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
             files.append((item, st))
     result.files_seen = len(files)
     scan.files(files)
-    scan.expand()
-    reports = {key: r for key, r in scan.reports.items() if r is not None}
-    result.files_analysed = len(reports)
-    result.findings.extend(tree_findings([r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]))
-    result.findings.extend(scan.uncovered(reports))
-    if cache is not None and cache.enabled:
-        cache.retain(scan.seen.keys())
-        cache.save()
-    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    if scan.memo is not None:  # no file changed since the cache's run: its outcome is this one's
+        _, findings, errors, result.files_analysed = scan.memo
+        result.errors.extend(errors)
+        result.findings.extend(findings)
+    else:
+        scan.expand()
+        reports = {key: r for key, r in scan.reports.items() if r is not None}
+        result.files_analysed = len(reports)
+        result.findings.extend(tree_findings([r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]))
+        result.findings.extend(scan.uncovered(reports))
+        result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+        result.errors.extend(scan.errors)
+        if scan.cache is not None:
+            scan.cache.set_extra(_RESULT, (
+                scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
+            ))
+    if scan.cache is not None:
+        scan.cache.retain(scan.seen.keys())
+        scan.cache.save()
     return result
 
 
@@ -81,7 +92,10 @@ class _Scan:
         self.others: list[tuple[str, os.stat_result]] = []  # files nothing needed (yet)
         self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
         self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
-        self.fingerprint: bytes | None = None  # of every file's content (with a cache)
+        self.errors: list[SourceError] = []  # files that could not be analysed
+        self.memo: tuple | None = None  # the cache's outcome, when no file changed since
+        self._fingerprint: bytes | None = None
+        self.graph: CallGraph | None = None  # the call graph of all analysed files, once expand built it
 
     @cached_property
     def prefilter(self) -> Prefilter:
@@ -98,10 +112,22 @@ class _Scan:
                 files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
             for i in todo
         ]
+        if not todo and self.cache is not None:
+            self.seen = {path: entry[3] for (path, _), entry in zip(files, cached)}
+            memo = self.cache.extra.get(_RESULT)
+            if memo is not None and memo[0] == self.fingerprint():
+                self.memo = memo
+                return
         for i, outcome in zip(todo, map_two(lambda i: self.examine(*files[i]), todo, weights)):
             cached[i] = outcome
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
+
+    def fingerprint(self) -> bytes | None:
+        """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
+        if self._fingerprint is None and self.cache is not None:
+            self._fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
+        return self._fingerprint
 
     def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
@@ -126,8 +152,10 @@ class _Scan:
             self.cache.store(key, st, digest, needs, payload)
         self.seen[key] = digest
         self.needs[key] = needs
+        if needs:
+            payload = CheckCache.payload(payload)
         if isinstance(payload, SourceError):
-            self.result.errors.append(payload)
+            self.errors.append(payload)
             self.reports[key] = None
         elif needs:
             self.reports[key] = payload
@@ -177,11 +205,13 @@ class _Scan:
         """CI301's findings; those of the cache's run when no file changed since (the call graph is
         the largest part of a warm run)."""
         memo = self.cache.extra.get(_UNCOVERED) if self.cache is not None else None
-        if memo is not None and self.fingerprint is not None and memo[0] == self.fingerprint:
+        if memo is not None and memo[0] == self.fingerprint():
             return list(memo[1])
-        found = uncovered_findings([(r.path, r.reach) for r in reports.values() if r.reach is not None], self.catalog)
-        if self.cache is not None and self.fingerprint is not None:
-            self.cache.set_extra(_UNCOVERED, (self.fingerprint, tuple(found)))
+        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+        graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
+        found = uncovered_findings(files, self.catalog, graph)
+        if self.cache is not None:
+            self.cache.set_extra(_UNCOVERED, (self.fingerprint(), tuple(found)))
         return found
 
     def expand(self) -> None:
@@ -192,20 +222,17 @@ class _Scan:
         run's outcome is reused without reading the other files."""
         if not self.catalog.triggers:
             return
-        fingerprint = None
-        if self.cache is not None:
-            fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
-        self.fingerprint = fingerprint
+        fingerprint = self.fingerprint()
         memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
         if memo is not None and memo[0] == fingerprint and memo[1] <= self.kept.keys():
             for key in memo[1]:
-                self.reports[key] = self.kept[key]
+                self.reports[key] = CheckCache.payload(self.kept[key])
             return
         searched: set = set()
         found_keys: list[str] = []
         search = None
         while True:
-            graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
+            graph = self.graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
             wanted = callers_wanted(graph) - searched
             if not wanted or not self.others:
                 break
@@ -218,7 +245,7 @@ class _Scan:
             taken.update(hits)
             for index in hits:
                 key, st = others[index]
-                report = self.kept.get(key)
+                report = CheckCache.payload(self.kept.get(key))
                 if report is None:
                     report = self.analyse(Path(key), self.data.get(key), REACH)
                     if isinstance(report, SourceError):

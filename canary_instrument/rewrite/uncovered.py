@@ -26,10 +26,11 @@ _CHAIN = 4  # functions of the path shown in a finding
 ROOT_SEARCH = 4
 
 
-def uncovered_findings(files: list[tuple[Path, ReachFacts]], catalog: Catalog) -> list[Finding]:
+def uncovered_findings(files: list[tuple[Path, ReachFacts]], catalog: Catalog, graph: CallGraph | None = None) -> list[Finding]:
+    """CI301's findings over the files' facts (`graph`: their call graph, when already built)."""
     if not catalog.triggers or not any(t for _, facts in files for fn in facts.defs for t in fn.triggers):
         return []
-    graph = CallGraph(files)
+    graph = graph or CallGraph(files)
     via = exposed(graph)
     kv = kv_reaching(graph)
     out = []
