@@ -58,6 +58,7 @@ class CallGraph:
         self._mro: dict[ClassKey, list[ClassKey]] = {}
         self._descendants: dict[ClassKey, list[ClassKey]] = {}
         self._method: dict[tuple, list[DefKey]] = {}
+        self._resolved: dict[tuple, list[DefKey]] = {}
         self._bases: dict[ClassKey, list[ClassKey]] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
         for key, cls in self.classes.items():
@@ -209,6 +210,17 @@ class CallGraph:
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
+        # What a call resolves to depends on the caller only through its file and class.
+        memo = (caller[0], self.self_class(caller), target, call)
+        if self.missing is None:
+            cached = self._resolved.get(memo)
+            if cached is not None:
+                return cached
+        found = self._resolve(caller, target, call)
+        self._resolved[memo] = found
+        return found
+
+    def _resolve(self, caller: DefKey, target: tuple, call: bool) -> list[DefKey]:
         self._unanalysed = []
         kind = target[0]
         index = caller[0]
