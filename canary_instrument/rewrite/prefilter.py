@@ -26,6 +26,13 @@ def _literal_fragments(pattern: str) -> list[str]:
     return [f for f in re.split(r"[*?\[\]]", pattern) if f.strip(".")]
 
 
+def _name_regex(patterns: list[str]) -> str:
+    """An alternation matching identifiers that match any of the shell-style name `patterns`."""
+    return "|".join(
+        "".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in pattern) for pattern in patterns
+    ) or "(?!)"
+
+
 def _merge_literals(literals: set[str]) -> set[str]:
     """Fewer literals for the byte scan: two that share a substring as specific as an identifier
     part (6+ characters with `_` or `.`, e.g. `_runner`) become that substring."""
@@ -103,15 +110,17 @@ class Prefilter:
                                                  for r in regexes_by_literal[literal])))
             for word in sorted(merged)
         ]
-        # A catalog location holds a site or hook only in a class its candidates name.
+        # A catalog location holds a site or hook only in a class its candidates name (or, where
+        # upstream moved graph set-up out of its class, a module-level function named like a method).
         self._classes: list[tuple[re.Pattern, re.Pattern]] = []
         for path_pattern in sorted(patterns):
-            names = sorted({c for _, loc in catalog.locations() if loc.path == path_pattern for c in loc.classes})
-            regex = "|".join(fnmatch.translate(c).replace(r"(?s:", "(?:").replace(r")\Z", ")").replace(".*", r"\w*")
-                             for c in names)
+            locations = [loc for _, loc in catalog.locations() if loc.path == path_pattern]
+            classes = _name_regex(sorted({c for loc in locations for c in loc.classes}))
+            methods = _name_regex(sorted({m for loc in locations for m in loc.methods}))
             self._classes.append((
                 re.compile(f"(?:{fnmatch.translate(path_pattern)})|(?:{fnmatch.translate('*/' + path_pattern)})"),
-                re.compile(rf"^[ \t]*class[ \t]+(?:{regex})\b".encode(), re.MULTILINE),
+                re.compile(rf"^(?:[ \t]*class[ \t]+(?:{classes})|(?:async[ \t]+)?def[ \t]+(?:{methods}))\b".encode(),
+                           re.MULTILINE),
             ))
 
     def path_matches(self, posix: str) -> bool:
@@ -131,6 +140,7 @@ class Prefilter:
         return flags | REACH if self.has_trigger(data) else flags
 
     def holds_candidate_class(self, posix: str, data: bytes) -> bool:
+        """A candidate class statement, or a module-level function named like a candidate method."""
         return any(path.match(posix) and classes.search(data) for path, classes in self._classes)
 
     def has_trigger(self, data: bytes) -> bool:

@@ -28,11 +28,13 @@ def test_what_a_file_outside_the_catalog_paths_needs(prefilter, source, needs):
     assert prefilter.needs("pkg/srt/other.py", source) == needs
 
 
-def test_a_file_at_a_catalog_path_needs_site_analysis_only_with_a_candidate_class(prefilter):
+def test_a_file_at_a_catalog_path_needs_site_analysis_only_where_a_site_can_be(prefilter):
     path = "pkg/srt/model_executor/runner/eager_runner.py"
     assert prefilter.needs(path, b"class EagerRunner:\n    pass\n") == ROLES
     assert prefilter.needs(path, b"class DecodeCudaGraphRunner(Base):\n    pass\n") == ROLES | SITES | REACH
     assert prefilter.needs(path, b"from x import install_canary\n") == ROLES | SITES | REACH
+    # Graph set-up moved out of its class: a module-level function named like a candidate method.
+    assert prefilter.needs(path, b"def capture_one_shape(runner, bs):\n    pass\n") == ROLES | SITES | REACH
 
 
 @pytest.mark.parametrize("receiver, cls, fits", [
