@@ -42,6 +42,7 @@ SKIPPED_DIRS = frozenset(
         ".mypy_cache",
         ".pytest_cache",
         ".ruff_cache",
+        ".canary-instrument-cache",
     }
 )
 
