@@ -26,9 +26,10 @@ from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
 from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
 
-_EXPANSION = "expansion"  # cache.extra: (fingerprint of every file's content, files a caller search found)
-_UNCOVERED = "uncovered"  # cache.extra: (that fingerprint, CI301's findings)
-_RESULT = "result"  # cache.extra: (that fingerprint, findings, file errors, files analysed)
+# cache.extra (hashes of files' paths and content hashes):
+_EXPANSION = "expansion"  # (candidate files, what the caller search looked for, the files it found)
+_UNCOVERED = "uncovered"  # (every analysed file, CI301's findings)
+_RESULT = "result"  # (every file, findings, file errors, files analysed)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class _Scan:
         self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
         self.errors: list[SourceError] = []  # files that could not be analysed
         self.memo: tuple | None = None  # the cache's outcome, when no file changed since
+        self.changed: set[str] = set()  # files whose content is not what the cache knew
         self._fingerprint: bytes | None = None
         self.graph: CallGraph | None = None  # the call graph of all analysed files, once expand built it
 
@@ -126,8 +128,11 @@ class _Scan:
     def fingerprint(self) -> bytes | None:
         """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
         if self._fingerprint is None and self.cache is not None:
-            self._fingerprint = content_hash(b"".join(k.encode() + b"\0" + d for k, d in sorted(self.seen.items())))
+            self._fingerprint = self._digest(self.seen)
         return self._fingerprint
+
+    def _digest(self, keys) -> bytes:
+        return content_hash(b"".join(k.encode() + b"\0" + self.seen.get(k, b"") for k in sorted(keys)))
 
     def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
@@ -140,7 +145,7 @@ class _Scan:
         digest = content_hash(data) if self.cache is not None else b""
         entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
         if entry is not None:
-            return (None, None, None, digest, entry[4], entry[5])
+            return ("same", None, None, digest, entry[4], entry[5])  # touched, not changed
         needs = self.prefilter.needs(key if os.sep == "/" else path.as_posix(), data)
         if not needs:
             self.data[key] = data  # for the caller search (in a forked child, simply dropped)
@@ -148,7 +153,9 @@ class _Scan:
 
     def record(self, key: str, st, entry: tuple) -> None:
         digest, needs, payload = entry[3], entry[4], entry[5]
-        if self.cache is not None and st is not None and entry[0] is None and digest:
+        if entry[0] is None:
+            self.changed.add(key)
+        if self.cache is not None and st is not None and entry[0] in (None, "same") and digest:
             self.cache.store(key, st, digest, needs, payload)
         self.seen[key] = digest
         self.needs[key] = needs
@@ -204,30 +211,34 @@ class _Scan:
     def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
         """CI301's findings; those of the cache's run when no file changed since (the call graph is
         the largest part of a warm run)."""
+        analysed = self._digest(self.reports) if self.cache is not None else None  # all CI301 reads
         memo = self.cache.extra.get(_UNCOVERED) if self.cache is not None else None
-        if memo is not None and memo[0] == self.fingerprint():
+        if memo is not None and memo[0] == analysed:
             return list(memo[1])
         files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
         graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
         found = uncovered_findings(files, self.catalog, graph)
         if self.cache is not None:
-            self.cache.set_extra(_UNCOVERED, (self.fingerprint(), tuple(found)))
+            self.cache.set_extra(_UNCOVERED, (analysed, tuple(found)))
         return found
 
     def expand(self) -> None:
         """Bring in the files that may call a function on an uncovered forward path, until none is left.
 
         The call graph of the analysed files says which functions matter; a byte search of the other
-        files finds their callers (`CallerSearch`). When no file changed since the cache's run, that
-        run's outcome is reused without reading the other files."""
+        files finds their callers (`CallerSearch`). While the candidate files and the files that search
+        found are those of the cache's run, so is the outcome, unless a changed file matches one of
+        the names that run searched for: then only the changed files are read."""
         if not self.catalog.triggers:
             return
-        fingerprint = self.fingerprint()
+        candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
         memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
-        if memo is not None and memo[0] == fingerprint and memo[1] <= self.kept.keys():
-            for key in memo[1]:
-                self.reports[key] = CheckCache.payload(self.kept[key])
-            return
+        if memo is not None and memo[0] == candidates and all(k in self.kept and k not in self.changed for k in memo[2]):
+            changed = [key for key, _ in self.others if key in self.changed and key not in memo[2]]
+            if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
+                for key in memo[2]:
+                    self.reports[key] = CheckCache.payload(self.kept[key])
+                return
         searched: set = set()
         found_keys: list[str] = []
         search = None
@@ -255,7 +266,7 @@ class _Scan:
                 self.reports[key] = report
                 found_keys.append(key)
         if self.cache is not None:
-            self.cache.set_extra(_EXPANSION, (fingerprint, frozenset(found_keys)))
+            self.cache.set_extra(_EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
 
 
 def tree_findings(reports: list[FileReport]) -> list[Finding]:

@@ -166,3 +166,39 @@ def test_the_cli_caches_at_the_git_root_and_no_cache_writes_nothing(engine, tmp_
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=engine,
                             capture_output=True, text=True, check=True).stdout
     assert FOLDER not in status  # the folder ignores itself
+
+
+def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_cold_run(tmp_path, examined,
+                                                                                       monkeypatch):
+    from test_uncovered import EAGER, MODEL_RUNNER
+
+    searched = []
+    original = check_module._Scan._bytes
+    monkeypatch.setattr(check_module._Scan, "_bytes", lambda self, key: searched.append(os.path.basename(key))
+                        or original(self, key))
+
+    from rewrite_trees import Tree
+
+    tree = Tree(tmp_path / "engine")
+    tree.write({
+        "pkg/__init__.py": "",
+        "pkg/srt/model_executor/model_runner.py": MODEL_RUNNER,
+        "pkg/srt/runners/eager.py": EAGER,
+        "pkg/srt/tools/report.py": "def report(rows):\n    return len(rows)\n",
+    })
+    age(tree.root)
+
+    def ci301(result):
+        return [(f.path.name, f.line) for f in result.findings if f.code == "CI301"]
+
+    assert ci301(run(tree.root, tmp_path / "cache")) == []
+    examined.clear()
+    searched.clear()
+    tool = tree.root / "pkg/srt/tools/report.py"
+    tool.write_text("def report(rows):\n    return len(rows) + 1\n")
+    assert ci301(run(tree.root, tmp_path / "cache")) == []
+    assert examined == ["report.py"] and searched == ["report.py"]  # the caller search reads nothing else
+    tool.write_text("def report(runner, batch):\n    return runner.execute(batch)\n")
+    warm = run(tree.root, tmp_path / "cache")
+    assert ci301(warm) == [("eager.py", 9)]
+    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
