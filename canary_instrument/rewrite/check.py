@@ -173,10 +173,12 @@ class _Scan:
 
     def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
         try:
-            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
-                return FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
+            # A file at a catalog location is always read and parsed, so that a bad one is reported
+            # (exit 2) even when it holds nothing the rules look at.
             source = read_source(path) if data is None else decode_source(path, data)
             tree = parse_source(source)
+            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
+                return FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
             lines = split_lines(source.text)
             spans = []
             if needs & SITES:
