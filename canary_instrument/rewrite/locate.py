@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,12 +73,26 @@ def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     return blocks
 
 
+def statements(tree: ast.AST):
+    """`ast.walk(tree)` restricted to statements (and the except/case clauses that hold some), in the
+    same order, without visiting expressions: statements only ever nest in statements, so this is
+    exactly the statements `ast.walk` yields, at a fraction of its cost on a large file."""
+    queue = deque([tree])
+    while queue:
+        node = queue.popleft()
+        yield node
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                queue.extend(v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case)))
+
+
 class Imports:
     """Local names bound by imports, resolved to qualified names (`cl` -> `contextlib`)."""
 
     def __init__(self, tree: ast.Module) -> None:
         self.names: dict[str, str] = {}
-        for node in ast.walk(tree):
+        for node in statements(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -274,7 +289,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
-    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
 
     def methods_of(cls, location):
         for stmt in cls.body:
