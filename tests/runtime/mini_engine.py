@@ -1,8 +1,10 @@
 """A small sglang-shaped engine for the runtime tests: real pools, real batches, a model that writes KV.
 
 Its ``MiniRunner`` carries the same member the ``apply`` wiring generates (``canary_ctx``)
-and calls ``install_canary`` right after its pools exist, as the install hook does. Requests
-are driven by hand (extend, decode, multi-step EAGLE-style draft) so tests control every step.
+and calls ``install_canary`` right after its pools exist, as the install hook does, and has
+sglang's ``sample(logits_output, forward_batch)``. Requests are driven by hand (extend, decode,
+multi-step EAGLE-style draft) so tests control every step. As in sglang, req-pool row 0 is
+never handed out: CUDA-graph padding rows point at it.
 """
 
 from __future__ import annotations
@@ -54,14 +56,16 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     extend_prefix_lens: Optional[torch.Tensor] = None
     extend_seq_lens: Optional[torch.Tensor] = None
-    canary_token_ids: Optional[list] = None
     spec_info: Optional[object] = None
+    num_tokens_per_req: Optional[int] = None
 
 
 class ReqToTokenPool:
+    """``size`` usable rows plus row 0, the padding row (sglang's layout)."""
+
     def __init__(self, size: int, max_context_len: int, device):
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
-        self.free = list(range(size))
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=device)
+        self.free = list(range(1, size + 1))
 
 
 class MHATokenToKVPool:
@@ -157,6 +161,16 @@ class MiniRunner:
         with self.canary_ctx(forward_batch, outside=[0], active=0):
             return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
+    def sample(self, logits_output, forward_batch):
+        """sglang's ``ModelRunner.sample``: one next token per request. The tiny model has no logits, so
+        the tests choose the tokens (``forward_and_sample``) and this returns them as a sampler would."""
+        return logits_output
+
+    def forward_and_sample(self, forward_batch, next_tokens):
+        """A serving step: the forward, then the sampler producing ``next_tokens`` (one per request)."""
+        self.forward(forward_batch)
+        return self.sample(torch.tensor(next_tokens, dtype=torch.int32, device=self.device), forward_batch)
+
 
 @dataclass
 class Req:
@@ -168,7 +182,7 @@ class Req:
 class Scheduler:
     """Allocates rows and slots, builds batches, evicts out-of-window SWA slots."""
 
-    def __init__(self, runner: MiniRunner, token_ids: bool = True):
+    def __init__(self, runner: MiniRunner):
         self.runner = runner
         self.device = runner.device
         pool = runner.token_to_kv_pool
@@ -179,7 +193,6 @@ class Scheduler:
         if self.swa:
             # Handed out from the top so SWA indices differ from full indices (a real remapping).
             self.free_swa = list(range(pool.swa_kv_pool.k_buffer[0].shape[0] - 1, 0, -1))
-        self.send_token_ids = token_ids
 
     def _alloc(self, n):
         slots, self.free_slots = self.free_slots[:n], self.free_slots[n:]
@@ -259,7 +272,6 @@ class Scheduler:
             out_cache_loc=t(locs),
             extend_prefix_lens=t(prefix, torch.int32) if prefix is not None else None,
             extend_seq_lens=t(extend, torch.int32) if extend is not None else None,
-            canary_token_ids=[list(r.tokens[: len(r.slots)]) for r in reqs] if self.send_token_ids else None,
         )
 
     def finish(self, req: Req):
@@ -281,20 +293,17 @@ class RecordingOps:
         self.manager = manager
         self.model = model
         self.calls = []
+        self.plans = []  # the PlanInputs of each call
         manager.ops = self
 
     def _record(self, kernel, plan):
-        index = next(i for i, s in enumerate(self.manager.single_forward_managers) if s.plan is plan)
-        n = int(plan.num_reqs[0])
+        self.plans.append(plan)
         self.calls.append(
             dict(
                 kernel=kernel,
-                index=index,
+                index=self.manager._active.index,
                 enabled=int(plan.enabled[0]),
-                num_reqs=n,
-                req_pool_indices=plan.req_pool_indices[:n].tolist(),
-                prefix=plan.prefix_lens[:n].tolist(),
-                extend=plan.extend_lens[:n].tolist(),
+                **plan_rows(plan),
                 model_calls=self.model.forward_calls,
             )
         )
@@ -308,7 +317,18 @@ class RecordingOps:
         self.inner.post_forward(state, plan)
 
 
-def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=None):
+def plan_rows(plan) -> dict:
+    """What a plan asks for, per batch row, as the kernels read it (``state.PlanInputs``)."""
+    n = plan.num_reqs
+    rows = plan.req_pool_indices[:n].tolist()
+    extend = [plan.extend_const] * n if plan.extend_const > 0 else plan.extend_lens[:n].tolist()
+    prefix = plan.prefix_lens[:n].tolist()
+    if plan.prefix_is_end:
+        prefix = [p - e for p, e in zip(prefix, extend)]
+    return dict(num_reqs=n, req_pool_indices=rows, prefix=prefix, extend=extend)
+
+
+def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses):
     """A multi-step draft: the outside batch (decode mode) and one batch per step (its own tokens and slots)."""
     import dataclasses
 
@@ -322,11 +342,10 @@ def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=No
         forward_mode=ForwardMode.DECODE,
         batch_size=len(reqs),
         req_pool_indices=torch.tensor([r.row for r in reqs], device=dev),
-        seq_lens=torch.tensor([f + 1 for f in first], device=dev),
+        seq_lens=torch.tensor(first, device=dev),  # an EAGLE draft's seq_lens stay pre-bump (sglang)
         input_ids=torch.tensor([g[0] for g in guesses], device=dev),
         positions=torch.tensor(first, device=dev),
         out_cache_loc=torch.tensor([s[0] for s in slots], device=dev),
-        canary_token_ids=token_ids,
     )
     per_step = [
         dataclasses.replace(
