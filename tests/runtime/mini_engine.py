@@ -9,6 +9,7 @@ never handed out: CUDA-graph padding rows point at it.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -357,3 +358,56 @@ def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses):
         for i in range(steps)
     ]
     return outer, per_step
+
+
+class GraphRunner:
+    """Decode graphs per batch size over static buffers, like sglang's CudaGraphRunner (CUDA only).
+
+    Captured before ``mark_init_finished`` through the capture site's wiring (the active
+    sub-forward only); ``replay`` pads the batch with req-pool row 0, position 0 and slot 0."""
+
+    def __init__(self, runner, sizes=(1, 2, 4), steps=1):
+        self.runner, self.sizes, self.steps = runner, sorted(sizes), steps
+        dev, n = runner.device, max(sizes)
+        self.buffers = {name: torch.zeros((steps, n), dtype=torch.int64, device=dev)
+                        for name in ("input_ids", "positions", "out_cache_loc")}
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        self.graphs = {}
+        manager = runner.canary_manager
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):
+            batches = [self._static(bs, i) for i in range(steps)]
+
+            def run_once():
+                for i, b in enumerate(batches):
+                    # The capture site: only the active sub-forward, no plan (init has not finished).
+                    with manager.with_active_single_forward_manager(i):
+                        runner.model.forward(b.input_ids, b.positions, b)
+
+            for _ in range(2):
+                torch.cuda.synchronize()
+                run_once()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                run_once()
+            self.graphs[bs] = graph
+
+    def _static(self, bs, i):
+        return ForwardBatch(ForwardMode.DECODE, bs, self.req_pool_indices[:bs], self.seq_lens[:bs],
+                            self.buffers["input_ids"][i, :bs], self.buffers["positions"][i, :bs],
+                            self.buffers["out_cache_loc"][i, :bs])
+
+    def replay(self, per_step):
+        raw = per_step[0].batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, raw)]
+        for buf in self.buffers.values():
+            buf.zero_()  # padding requests write slot 0, the padding slot
+        self.req_pool_indices.zero_()
+        self.seq_lens.fill_(1)
+        self.req_pool_indices[:raw].copy_(per_step[0].req_pool_indices)
+        self.seq_lens[:raw].copy_(per_step[0].seq_lens)
+        for i, b in enumerate(per_step):
+            for name in self.buffers:
+                self.buffers[name][i, :raw].copy_(getattr(b, name))
+        self.graphs[bs].replay()
