@@ -150,18 +150,17 @@ def _halves(top: Any, pool: Any) -> _Halves:
 
 def _what_is_missing(pool: Any, top: Any) -> str:
     where = "it" if pool is top else f"its sub-pool {type(pool).__qualname__}"
-    for attr in ("kv_buffer", "k_buffer"):
+    for attr in ("kv_buffer", "k_buffer", "v_buffer"):
         value = getattr(pool, attr, None)
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
+        if value is not None and not isinstance(value, (list, tuple)):
+            return (
+                f"{where} holds {attr} as one {type(value).__name__}, not a per-layer list (a host/offload pool "
+                "keeps KV for transfers; the canary guards the device pool the model reads)"
+            )
+        if isinstance(value, (list, tuple)) and len(value) == 0:
             return f"{where} has an empty {attr} list (a pool with no layers holds no KV to guard)"
-        return (
-            f"{where} holds {attr} as one {type(value).__name__}, not a per-layer list (a host/offload pool keeps "
-            "KV for transfers; the canary guards the device pool the model reads)"
-        )
-    if getattr(pool, "k_buffer", None) is not None:
-        return f"{where} has k_buffer but no v_buffer list"
+    if _layers(pool, "k_buffer") is not None:
+        return f"{where} has a k_buffer list but no v_buffer list (a K-only pool)"
     return f"{where} has no per-layer KV buffer list (k_buffer and v_buffer, or kv_buffer) and no full_kv_pool"
 
 
