@@ -144,6 +144,14 @@ def _halves(top: Any, pool: Any) -> _Halves:
             # A pool whose paged (per-slot) KV lives in one sub-pool, beside per-request state.
             return _halves(top, wrapped)
         raise _refuse(top, _what_is_missing(pool, top))
+    if callable(getattr(pool, "register_mapping", None)):
+        # Outside the SWA pair, a pool that takes an index mapping from its allocator keeps a device
+        # subset of a larger slot space: the slot ids in req_to_token are not its rows.
+        raise _refuse(
+            top,
+            f"{'it' if pool is top else type(pool).__qualname__} writes a slot's KV to the row an index mapping "
+            "registered by its allocator names (register_mapping), so the slot ids in req_to_token are not its rows",
+        )
     slots, per_row = _slot_geometry(top, found)
     return _Halves(pool, found.layout, found.attrs, slots, per_row)
 
@@ -168,8 +176,8 @@ def _slot_geometry(top: Any, found: _Halves) -> tuple[int, int]:
     """(canary rows, slots per buffer row) from the pool's promise (size + page_size slots) and its buffers."""
     pool = found.pool
     attr = found.attrs[0][0]
-    layer0 = _layers(pool, attr)[0]
-    where = f"{type(pool).__qualname__}.{attr}[0]"
+    index, layer0 = _first_layer(pool, attr)
+    where = f"{type(pool).__qualname__}.{attr}[{index}]"
     blocks = getattr(pool, "kernel_page_blocks", 1)
     if isinstance(blocks, int) and blocks > 1:
         raise _refuse(
@@ -193,9 +201,18 @@ def _slot_geometry(top: Any, found: _Halves) -> tuple[int, int]:
     )
 
 
+def _first_layer(pool: Any, attr: str) -> tuple[int, Any]:
+    """The first layer that holds rows: a layer-sharded pool keeps empty placeholders for layers it does not own."""
+    layers = _layers(pool, attr)
+    for index, layer in enumerate(layers):
+        if layer.shape[0] > 0:
+            return index, layer
+    return 0, layers[0]
+
+
 def _describe(pool: Any, halves: _Halves) -> str:
     attrs = ", ".join(a for a, _ in halves.attrs)
-    layer0 = _layers(halves.pool, halves.attrs[0][0])[0]
+    _, layer0 = _first_layer(halves.pool, halves.attrs[0][0])
     inner = "" if halves.pool is pool else f" via full_kv_pool {type(halves.pool).__qualname__}"
     rows = "page-major rows" if halves.slots_per_row > 1 else "one row per slot"
     return (
@@ -216,7 +233,7 @@ def _groups(halves: _Halves, group: int, real_kv: str) -> list[CanaryGroup]:
 
     out = []
     for attr, half in halves.attrs:
-        layer0 = _layers(halves.pool, attr)[0]
+        _, layer0 = _first_layer(halves.pool, attr)
         rows = torch.zeros((halves.slots, 4), dtype=torch.int64, device=layer0.device)
         words = _kv_words(halves, attr, layer0, real_kv)
         out.append(CanaryGroup(group=group, half=half, rows=rows, kv_words=words))
@@ -224,12 +241,13 @@ def _groups(halves: _Halves, group: int, real_kv: str) -> list[CanaryGroup]:
 
 
 def _kv_words(halves: _Halves, attr: str, layer0: Any, real_kv: str) -> Optional[Any]:
-    """Layer 0's rows as int64 words: a view, so the kernels read the live real KV (quantised bytes included)."""
+    """The first layer's rows as int64 words: a view, so the kernels read the live real KV (quantised bytes included)."""
     import torch
 
     if real_kv == "none":
         return None
-    where = f"{type(halves.pool).__qualname__}.{attr}[0]"
+    index, _ = _first_layer(halves.pool, attr)
+    where = f"{type(halves.pool).__qualname__}.{attr}[{index}]"
     if halves.slots_per_row > 1:
         raise ValueError(
             f"kv canary: kv_canary_real_data={real_kv} needs one row per slot, but {where} "

@@ -114,6 +114,12 @@ REFUSED = {
         lambda sg: _swa(sg, "MLATokenToKVPool", MLA)[0],
         r"full_kv_pool MLATokenToKVPool is an MLA pool; the SWA canary layout guards MHA sub-pools",
     ),
+    "HiSparseDSATokenToKVPool": (
+        lambda sg: importlib.import_module("sglang.srt.mem_cache.hisparse_memory_pool").HiSparseDSATokenToKVPool(
+            **dict(BASE, page_size=64), **MLA, index_head_dim=128, kv_cache_dim=MLA["kv_lora_rank"] + 16
+        ),
+        r"index mapping registered by its allocator names \(register_mapping\)",
+    ),
     "MHATokenToKVPoolHost": (
         lambda sg: importlib.import_module("sglang.srt.mem_cache.pool_host.mha").MHATokenToKVPoolHost(
             sg.memory_pool.MHATokenToKVPool(**BASE, **MHA), 2.0, 0, 1, "layer_first", pin_memory=False, device="cpu"
