@@ -52,11 +52,13 @@ class TinyModel(torch.nn.Module):
         loc = forward_batch.out_cache_loc
         base = input_ids.to(torch.float32)[:, None, None] * 0.5 + positions.to(torch.float32)[:, None, None]
         if self.layout == "mla":
-            latent = base + torch.arange(KV_LORA_RANK + ROPE_DIM, dtype=torch.float32).reshape(1, 1, -1) * 0.01
+            latent = base + torch.arange(KV_LORA_RANK + ROPE_DIM, dtype=torch.float32, device=loc.device).reshape(
+                1, 1, -1) * 0.01
             for layer in self.layers:
                 self.pool.set_kv_buffer(layer, loc, latent + layer.layer_id, None)
         else:
-            k = base + torch.arange(HEADS * HEAD_DIM, dtype=torch.float32).reshape(1, HEADS, HEAD_DIM) * 0.01
+            k = base + torch.arange(HEADS * HEAD_DIM, dtype=torch.float32, device=loc.device).reshape(
+                1, HEADS, HEAD_DIM) * 0.01
             if self.layout == "swa":
                 # The attention backend translates the write location once per forward.
                 loc = self._write_loc(loc=loc, swa_loc=self.pool.translate_loc_from_full_to_swa(loc))
@@ -70,9 +72,9 @@ class RealRunner:
     """What ``apply`` wires into sglang's ModelRunner, around real pools: the install hook right after the
     pools and allocator exist, the generated ``canary_ctx`` member, ``forward`` and ``sample``."""
 
-    def __init__(self, sg, server_args, layout: str = "mha", *, is_draft_worker: bool = False, size: int = 256,
-                 size_swa: int = 96, max_reqs: int = 8, max_context: int = 96, window: int = 8):
-        mp, device = sg.memory_pool, "cpu"
+    def __init__(self, sg, server_args, layout: str = "mha", *, device: str = "cpu", is_draft_worker: bool = False,
+                 size: int = 256, size_swa: int = 96, max_reqs: int = 8, max_context: int = 96, window: int = 8):
+        mp = sg.memory_pool
         self.server_args = server_args
         self.device = device
         self.is_draft_worker = is_draft_worker
@@ -106,7 +108,7 @@ class RealRunner:
                 size, DTYPE, device, self.token_to_kv_pool, False
             )
         self.sliding_window_size = window if layout == "swa" else None
-        self.model = TinyModel(sg, self.token_to_kv_pool, layout, self.sliding_window_size)
+        self.model = TinyModel(sg, self.token_to_kv_pool, layout, self.sliding_window_size).to(device)
         self.canary_manager = install_canary(server_args=server_args, model_runner=self)
 
     # The member `apply` generates for ModelRunner.
@@ -140,6 +142,7 @@ class Scheduler:
     def __init__(self, sg, runner: RealRunner):
         self.sg = sg
         self.runner = runner
+        self.device = runner.device
         self.allocator = runner.token_to_kv_pool_allocator
         self.swa = runner.sliding_window_size is not None
 
@@ -161,13 +164,13 @@ class Scheduler:
         for r in reqs:
             keep_from = max(0, len(r.slots) - window)
             if keep_from > r.swa_evicted:
-                self.allocator.free_swa(torch.tensor(r.slots[r.swa_evicted:keep_from], dtype=torch.int64))
+                self.allocator.free_swa(self.tensor(r.slots[r.swa_evicted:keep_from]))
                 r.swa_evicted = keep_from
 
     def _map(self, reqs) -> None:
         pool = self.runner.req_to_token_pool
         for r in reqs:
-            pool.write((r.row, slice(0, len(r.slots))), torch.tensor(r.slots, dtype=torch.int32))
+            pool.write((r.row, slice(0, len(r.slots))), self.tensor(r.slots, torch.int32))
 
     def extend(self, reqs, *, chunk: Optional[int] = None):
         """An extend (prefill) batch; with ``chunk``, at most that many new tokens per request (chunked prefill)."""
@@ -182,8 +185,8 @@ class Scheduler:
             locs += slots
         self._map(reqs)
         fm = self.sg.forward_batch_info
-        prefix_t = torch.tensor(prefix, dtype=torch.int32)
-        new_t = torch.tensor(new, dtype=torch.int32)
+        prefix_t = self.tensor(prefix, torch.int32)
+        new_t = self.tensor(new, torch.int32)
         positions, start_loc = fm.compute_position_torch(prefix_t, new_t)
         return self._batch(
             reqs, fm.ForwardMode.EXTEND, ids, locs, positions=positions,
@@ -202,7 +205,7 @@ class Scheduler:
             locs.append(slot)
         self._map(reqs)
         ids = [r.tokens[-1] for r in reqs]
-        positions = torch.tensor([len(r.slots) - 1 for r in reqs], dtype=torch.int64)
+        positions = self.tensor([len(r.slots) - 1 for r in reqs])
         return self._batch(reqs, self.sg.forward_batch_info.ForwardMode.DECODE, ids, locs, positions=positions)
 
     def _batch(self, reqs, mode, ids, locs, **fields):
@@ -210,10 +213,10 @@ class Scheduler:
         return self.sg.forward_batch_info.ForwardBatch(
             forward_mode=mode,
             batch_size=len(reqs),
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+            input_ids=self.tensor(ids),
+            req_pool_indices=self.tensor([r.row for r in reqs]),
+            seq_lens=self.tensor(seq_lens),
+            out_cache_loc=self.tensor(locs),
             seq_lens_sum=sum(seq_lens),
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
             **fields,
@@ -224,8 +227,11 @@ class Scheduler:
         logits = self.runner.forward(batch)
         return self.runner.sample(logits, batch).tolist()
 
+    def tensor(self, values, dtype=torch.int64):
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
     def finish(self, req: Req) -> None:
-        slots = torch.tensor(req.slots, dtype=torch.int64)
+        slots = self.tensor(req.slots)
         if self.swa:
             self.allocator.free_swa(slots[req.swa_evicted:])
             self.allocator.free_full(slots)
@@ -244,19 +250,19 @@ class Scheduler:
         self._map(reqs)
         decode = self.sg.forward_batch_info.ForwardMode.DECODE
         outer = self._batch(reqs, decode, [g[0] for g in guesses], [s[0] for s in step_slots],
-                            positions=torch.tensor(first, dtype=torch.int64))
-        outer.seq_lens = torch.tensor([f + 1 for f in first], dtype=torch.int64)
+                            positions=self.tensor(first))
+        outer.seq_lens = self.tensor([f + 1 for f in first])
         manager = self.runner.canary_manager
         with canary_context(manager, outer, outside=list(range(steps))):
             for i in range(steps):
                 batch = dataclasses.replace(
                     outer,
-                    input_ids=torch.tensor([g[i] for g in guesses], dtype=torch.int64),
-                    positions=torch.tensor([f + i for f in first], dtype=torch.int64),
-                    out_cache_loc=torch.tensor([s[i] for s in step_slots], dtype=torch.int64),
+                    input_ids=self.tensor([g[i] for g in guesses]),
+                    positions=self.tensor([f + i for f in first]),
+                    out_cache_loc=self.tensor([s[i] for s in step_slots]),
                 )
                 with canary_context(manager, active=i):
                     self.runner.model.forward(batch.input_ids, batch.positions, batch)
         for r in reqs:
-            self.allocator.free(torch.tensor(r.slots[-steps:], dtype=torch.int64))
+            self.allocator.free(self.tensor(r.slots[-steps:]))
             r.slots = r.slots[:-steps]

@@ -7,8 +7,9 @@ allocator, forward-batch and server-args modules import come from ``requirements
 file, also ``--no-deps``, plus the torchvision release that matches the installed torch.
 
 Environment: ``CANARY_INSTRUMENT_SGLANG_CACHE`` (default ``~/.cache/canary-instrument/sglang``) is the
-cache; ``CANARY_INSTRUMENT_SGLANG_WHEELS`` names a folder of wheels to install from with no index
-(machines without network, e.g. the GPU box: fill it with ``pip download``, see docs/sglang-walkthrough.md).
+cache; ``CANARY_INSTRUMENT_SGLANG_WHEELS`` names folders of wheels (``os.pathsep``-separated) to install
+from with no index (machines without network, e.g. the GPU box: fill them with ``pip download``, see
+docs/sglang-walkthrough.md).
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def _install(target: Path, args: list[str]) -> None:
                "--no-warn-script-location", "--target", str(partial), *args]
     wheels = os.environ.get(WHEELS_ENV)
     if wheels:
-        command += ["--no-index", "--find-links", wheels]
+        command.append("--no-index")
+        for folder in wheels.split(os.pathsep):
+            command += ["--find-links", folder]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)

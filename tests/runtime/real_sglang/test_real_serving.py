@@ -18,6 +18,8 @@ from canary_instrument.runtime import mark_init_finished
 from .harness import RealRunner, Scheduler
 
 LAYOUTS = ["mha", "mla", "swa"]
+# The `dev` fixture (tests/runtime/conftest.py): "cpu" with the torch reference backend everywhere, and
+# "cuda" with the Triton kernels where a GPU is visible.
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,9 @@ def server_args(sg):
     return build
 
 
-def _serving(sg, server_args, layout, *cli, **runner_kw):
+def _serving(sg, server_args, layout, *cli, dev="cpu", **runner_kw):
     args = server_args("--kv-canary", "log", "--kv-canary-real-data", "partial", *cli)
-    runner = RealRunner(sg, args, layout, **runner_kw)
+    runner = RealRunner(sg, args, layout, device=dev, **runner_kw)
     mark_init_finished(runner.canary_manager)
     return runner, Scheduler(sg, runner)
 
@@ -48,8 +50,8 @@ def _prefill_and_decode(sched, prompts, steps):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_clean_serving_reports_nothing(sg, server_args, layout):
-    runner, sched = _serving(sg, server_args, layout)
+def test_clean_serving_reports_nothing(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
     manager = runner.canary_manager
     assert manager is not None
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9], [11, 12, 13]], steps=3)
@@ -78,11 +80,11 @@ def test_clean_serving_reports_nothing(sg, server_args, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_eagle_draft_steps_on_the_draft_runner_report_nothing(sg, server_args, layout):
+def test_eagle_draft_steps_on_the_draft_runner_report_nothing(sg, server_args, layout, dev):
     # A draft runner: its manager has speculative_num_steps - 1 sub-forwards, driven by the EAGLE worker's sites.
     runner, sched = _serving(
         sg, server_args, layout, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", is_draft_worker=True,
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", dev=dev, is_draft_worker=True,
     )
     manager = runner.canary_manager
     assert manager.num_single_forward == 2
@@ -104,8 +106,8 @@ def _violations(manager):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_remapped_req_to_token_entry_is_caught(sg, server_args, layout):
-    runner, sched = _serving(sg, server_args, layout)
+def test_remapped_req_to_token_entry_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
     (stray,) = sched.alloc(1)
     runner.req_to_token_pool.req_to_token[reqs[0].row, 4] = stray  # a wrong pointer, as a scheduler bug writes
@@ -121,19 +123,19 @@ def test_remapped_req_to_token_entry_is_caught(sg, server_args, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_use_after_free_is_caught(sg, server_args, layout):
-    runner, sched = _serving(sg, server_args, layout)
+def test_use_after_free_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
     victim = reqs[0].slots[2]
     # The bug: a slot still referenced by a running request goes back to the allocator ...
-    sched.allocator.free(torch.tensor([victim]))
+    sched.allocator.free(sched.tensor([victim]))
     # ... and the allocator hands it to the next request, whose prefill writes over it.
     _hand_out_next(sched, victim)
     other = sched.new_request([70])
     other.slots = [victim]
     sched._map([other])
     fm = sg.forward_batch_info
-    prefix, new = torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    prefix, new = sched.tensor([0], torch.int32), sched.tensor([1], torch.int32)
     positions, start = fm.compute_position_torch(prefix, new)
     batch = sched._batch([other], fm.ForwardMode.EXTEND, [70], [victim], positions=positions,
                          extend_prefix_lens=prefix, extend_seq_lens=new, extend_start_loc=start, extend_num_tokens=1)
@@ -157,10 +159,10 @@ def _hand_out_next(sched, slot):
     full = getattr(sched.allocator, "full_attn_allocator", sched.allocator)
     drained = full.alloc(full.available_size()).tolist()
     assert drained[-1] == slot
-    full.free(torch.tensor(drained[:-1]))
+    full.free(sched.tensor(drained[:-1]))
     if full is not sched.allocator:
         swa = sched.allocator.swa_attn_allocator.alloc(1)
-        sched.allocator.set_full_to_swa_mapping(torch.tensor([slot]), swa)
+        sched.allocator.set_full_to_swa_mapping(sched.tensor([slot]), swa)
 
 
 def _kv_layer0(runner, layout):
@@ -173,8 +175,8 @@ def _kv_layer0(runner, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_flipped_real_kv_byte_is_caught(sg, server_args, layout):
-    runner, sched = _serving(sg, server_args, layout)
+def test_flipped_real_kv_byte_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
     slot = reqs[0].slots[3]
     _kv_layer0(runner, layout)[slot].view(torch.uint8).view(-1)[1] ^= 0x10  # inside the fingerprinted 16 bytes
@@ -186,8 +188,8 @@ def test_flipped_real_kv_byte_is_caught(sg, server_args, layout):
 
 @pytest.mark.xfail(strict=True, reason="token check from device data lands with the runtime core redesign")
 @pytest.mark.parametrize("layout", ["mha"])
-def test_swapped_next_tokens_are_caught(sg, server_args, layout):
-    runner, sched = _serving(sg, server_args, layout)
+def test_swapped_next_tokens_are_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8], [11, 12, 13, 14]], steps=1)
     # The bug: the two requests' sampled tokens are appended to each other's sequence.
     sched.step(sched.decode(reqs, next_tokens[::-1]))
@@ -196,8 +198,8 @@ def test_swapped_next_tokens_are_caught(sg, server_args, layout):
     assert any("token" in v.reasons for v in found)
 
 
-def test_corrupted_swa_mapping_is_caught(sg, server_args):
-    runner, sched = _serving(sg, server_args, "swa")
+def test_corrupted_swa_mapping_is_caught(sg, server_args, dev):
+    runner, sched = _serving(sg, server_args, "swa", dev=dev)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
     mapping = runner.token_to_kv_pool_allocator.full_to_swa_index_mapping
     unmapped, remapped = reqs[0].slots[5], reqs[0].slots[4]
@@ -211,11 +213,11 @@ def test_corrupted_swa_mapping_is_caught(sg, server_args):
     assert {"position", "link"} & by_position[4]
 
 
-def test_raise_mode_raises_on_a_real_pool(sg, server_args):
+def test_raise_mode_raises_on_a_real_pool(sg, server_args, dev):
     from canary_instrument.runtime import CanaryViolationError
 
     args = server_args("--kv-canary", "raise")
-    runner = RealRunner(sg, args, "mha")
+    runner = RealRunner(sg, args, "mha", device=dev)
     mark_init_finished(runner.canary_manager)
     sched = Scheduler(sg, runner)
     reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8]], steps=1)
@@ -226,15 +228,15 @@ def test_raise_mode_raises_on_a_real_pool(sg, server_args):
             next_tokens = sched.step(sched.decode(reqs, next_tokens))
 
 
-def test_canary_off_by_default_on_real_server_args(sg, server_args):
-    runner = RealRunner(sg, server_args(), "mha")
+def test_canary_off_by_default_on_real_server_args(sg, server_args, dev):
+    runner = RealRunner(sg, server_args(), "mha", device=dev)
     assert runner.canary_manager is None
     sched = Scheduler(sg, runner)
     _prefill_and_decode(sched, [[5, 6, 7]], steps=2)  # the wiring's null contexts: serving is unchanged
 
 
-def test_manager_answers_what_sglang_calls_outside_the_sites(sg, server_args):
-    runner, _ = _serving(sg, server_args, "mha")
+def test_manager_answers_what_sglang_calls_outside_the_sites(sg, server_args, dev):
+    runner, _ = _serving(sg, server_args, "mha", dev=dev)
     manager = runner.canary_manager
     if not hasattr(manager, "per_forward_workspace_bytes"):
         pytest.skip("per_forward_workspace_bytes() and attach_radix_cache() land with the runtime core redesign")
