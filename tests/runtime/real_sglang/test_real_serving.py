@@ -241,3 +241,25 @@ def test_manager_answers_what_sglang_calls_outside_the_sites(sg, server_args, de
     if not hasattr(manager, "per_forward_workspace_bytes"):
         pytest.skip("per_forward_workspace_bytes() and attach_radix_cache() land with the runtime core redesign")
     assert manager.per_forward_workspace_bytes() >= 0
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="plan.forward_kind does not know sglang 0.5.20's ForwardMode.DRAFT_EXTEND_V2 "
+                   "(no is_draft_extend(), and is_extend() is False for it); runtime core's plan derivation")
+def test_draft_extend_after_verify_on_the_draft_runner(sg, server_args):
+    runner, sched = _serving(
+        sg, server_args, "mha", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", is_draft_worker=True,
+    )
+    reqs = [sched.new_request([1, 4, 1, 5, 9])]
+    batch = sched.extend(reqs)
+    with runner.canary_manager.with_ops_outside_graph([0], batch), \
+            runner.canary_manager.with_active_single_forward_manager(0):
+        runner.model.forward(batch.input_ids, batch.positions, batch)
+    # After a verify accepted two tokens, the draft model extends over them in DRAFT_EXTEND_V2 mode.
+    reqs[0].tokens += [2, 6]
+    after = sched.extend(reqs)
+    after.forward_mode = sg.forward_batch_info.ForwardMode.DRAFT_EXTEND_V2
+    with runner.canary_manager.with_ops_outside_graph([0], after), \
+            runner.canary_manager.with_active_single_forward_manager(0):
+        runner.model.forward(after.input_ids, after.positions, after)
+    assert runner.canary_manager.flush() == []
