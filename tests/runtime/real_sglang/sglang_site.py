@@ -6,6 +6,10 @@ imported, so the tags are pinned and any interpreter can use it). The packages i
 allocator, forward-batch and server-args modules import come from ``requirements.txt`` beside this
 file, also ``--no-deps``, plus the torchvision release that matches the installed torch.
 
+Not loaded as released, each only where it cannot load: torchvision's native part on a CPU torch
+(two op schemas are defined instead), and on a CUDA machine without them sglang's CUDA kernel
+packages ``sgl_kernel`` and ``flashinfer`` (stand-ins whose names raise if called).
+
 Environment: ``CANARY_INSTRUMENT_SGLANG_CACHE`` (default ``~/.cache/canary-instrument/sglang``) is the
 cache; ``CANARY_INSTRUMENT_SGLANG_WHEELS`` names folders of wheels (``os.pathsep``-separated) to install
 from with no index (machines without network, e.g. the GPU box: fill them with ``pip download``, see
@@ -17,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -116,9 +122,12 @@ def on_path(folders: list[Path]):
     saved_path, saved_env = list(sys.path), dict(os.environ)
     sys.path[:0] = [str(f) for f in folders]
     _define_torchvision_ops_if_native_part_missing()
+    stand_ins = _CudaKernelStandIns.install()
     try:
         yield
     finally:
+        if stand_ins is not None:
+            sys.meta_path.remove(stand_ins)
         sys.path[:] = saved_path
         # sglang's import sets cache-directory variables (setdefault) for its JIT kernels.
         for key in set(os.environ) - set(saved_env):
@@ -152,3 +161,52 @@ def _define_torchvision_ops_if_native_part_missing() -> None:
     _TORCHVISION_OPS = torch.library.Library("torchvision", "DEF")
     _TORCHVISION_OPS.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _TORCHVISION_OPS.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+class _CudaKernelStandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """On a CUDA machine, sglang's modules import its CUDA kernel packages at module level (``if _is_cuda:
+    from sgl_kernel import int8_scaled_mm``, ``from sgl_kernel.kvcacheio import ...``, ``from flashinfer import
+    ...``). They are CUDA builds of their own (sglang-kernel, flashinfer) that the tests never call. When, and
+    only when, CUDA is visible and a package is not installed, its imports get a stand-in whose every name
+    raises if called; on CPU sglang takes its CPU branches and no stand-in is made."""
+
+    PACKAGES = ("sgl_kernel", "flashinfer")
+
+    @classmethod
+    def install(cls):
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        missing = tuple(p for p in cls.PACKAGES if importlib.util.find_spec(p) is None)
+        if not missing:
+            return None
+        finder = cls(missing)
+        sys.meta_path.insert(0, finder)
+        return finder
+
+    def __init__(self, packages):
+        self.packages = packages
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.packages:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+        def __getattr__(attr, _owner=module.__name__):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+
+            def not_installed(*args, **kwargs):
+                raise RuntimeError(f"{_owner}.{attr} is a test stand-in: {_owner} (a CUDA kernel package) is not "
+                                   "installed, and the canary tests never call it")
+
+            return not_installed
+
+        module.__getattr__ = __getattr__

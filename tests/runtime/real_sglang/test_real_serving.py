@@ -2,8 +2,9 @@
 through the wired phases (outside the graph, the bracketed model forward, ``flush``) on CPU with the torch
 reference backend: clean serving reports nothing, and each injected fault is caught with its reason.
 
-Real classes and what is built by hand: see ``harness.py``. The only import not loaded as released is
-torchvision's native part (see ``sglang_site.py``).
+Real classes and what is built by hand: see ``harness.py``. Not loaded as released, each only where it
+cannot load (see ``sglang_site.py``): torchvision's native part on a CPU torch, and on a CUDA machine
+without them sglang's CUDA kernel packages ``sgl_kernel`` and ``flashinfer``, which these tests never call.
 """
 
 from __future__ import annotations
