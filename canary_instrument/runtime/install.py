@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
-from canary_instrument.runtime.settings import load_settings
+from canary_instrument.runtime.settings import load_settings, warn_unsupported_upstream
 
 logger = logging.getLogger("canary_instrument.runtime")
 
@@ -18,6 +18,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     settings = load_settings(server_args, environ)
     if not settings.enabled:
         return None
+    warn_unsupported_upstream(server_args, environ)
 
     from canary_instrument.runtime.bracket import bracket_model_forward
     from canary_instrument.runtime.distributed import find_process_group
@@ -30,7 +31,12 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     pool = _required(model_runner, "token_to_kv_pool")
     req_to_token = _required(_required(model_runner, "req_to_token_pool"), "req_to_token")
     model = _required(model_runner, "model")
-    attached = attach_pool(pool, real_kv=settings.real_kv, window=getattr(model_runner, "sliding_window_size", None))
+    attached = attach_pool(
+        pool,
+        real_kv=settings.real_kv,
+        window=getattr(model_runner, "sliding_window_size", None),
+        allocator=getattr(model_runner, "token_to_kv_pool_allocator", None),
+    )
     device = attached.groups[0].rows.device
     if req_to_token.device != device:
         raise ValueError(f"kv canary: req_to_token is on {req_to_token.device} but the KV pool is on {device}")
@@ -79,6 +85,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         wrap_sample(model_runner, manager)
     if not is_draft:
         register_target(req_to_token, manager)
+    logger.info("kv canary installed: mode=%s real_data=%s pool=%s", settings.mode, settings.real_kv, attached.description)
     return manager
 
 
