@@ -61,3 +61,6 @@ class ForwardBatch:
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     spec_info: Any = None
+    # Set on a batch captured into a CUDA graph whose attention metadata the graph runner planned
+    # once for several forwards (the EAGLE draft chain): the forwards must not plan it again.
+    forward_metadata_ready: bool = False

@@ -130,7 +130,7 @@ class ModelRunner:
             self.attn_backend = TorchNativeAttnBackend(self)
 
     def init_device_graphs(self):
-        """Capture decode CUDA graphs (target runner only; the EAGLE worker captures its own)."""
+        """Capture decode (EAGLE: target-verify) CUDA graphs; target runner only (the EAGLE worker captures its own)."""
         if self.is_draft_worker or self.server_args.disable_cuda_graph:
             return
         if torch.device(self.device).type != "cuda":
@@ -170,9 +170,8 @@ class ModelRunner:
         if pp_proxy_tensors is not None:
             raise ValueError("refsgl runs a single pipeline stage; pp_proxy_tensors must be None")
         mode = forward_batch.forward_mode
-        can_run_graph = bool(
-            mode.is_decode() and self.graph_runner is not None and self.graph_runner.can_run(forward_batch)
-        )
+        # Decode, or with EAGLE the target verify: whichever forward the graph runner captured.
+        can_run_graph = bool(self.graph_runner is not None and self.graph_runner.can_run(forward_batch))
         if can_run_graph:
             logits_output = self.graph_runner.replay(forward_batch, skip_attn_backend_init=skip_attn_backend_init)
         elif mode.is_decode():

@@ -20,6 +20,7 @@ from refsgl.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from refsgl.srt.model_executor.forward_context import forward_context
 from refsgl.srt.model_executor.model_runner import ModelRunner
 from refsgl.srt.server_args import ServerArgs
+from refsgl.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from refsgl.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 from refsgl.srt.speculative.spec_info import EagleDraftInput, EagleVerifyOutput
 
@@ -63,15 +64,15 @@ class EAGLEWorkerV2:
         self.next_draft_token = torch.zeros((num_rows,), dtype=torch.int64, device=self.device)
         self.next_draft_hidden = torch.zeros((num_rows, hidden_size), dtype=target_worker.dtype, device=self.device)
 
-        # Multi-step draft graphs are not captured here: the chain runs eagerly (sglang captures it too).
-        self.cuda_graph_runner = None
+        self.cuda_graph_runner: Optional[EAGLEDraftCudaGraphRunner] = None
         self.cuda_graph_runner_for_draft_extend: Optional[EAGLEDraftExtendCudaGraphRunner] = None
         self.init_cuda_graphs()
 
     def init_cuda_graphs(self):
-        """Capture the draft-extend graphs used after each verify (CUDA only)."""
+        """Capture the multi-step draft graphs and the draft-extend graphs used after each verify (CUDA only)."""
         use_graphs = not self.server_args.disable_cuda_graph and torch.device(self.device).type == "cuda"
         if use_graphs:
+            self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self)
             self.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(self)
 
     # ------------------------------------------------------------------ entry point
