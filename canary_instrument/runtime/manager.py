@@ -156,6 +156,7 @@ class CanaryManager:
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
+        self._readback_interval = settings.readback_interval
         self._group = process_group
         self._world = 1
         if process_group is not None:
@@ -371,14 +372,19 @@ class CanaryManager:
 
     def _readback_and_report(self, tag: _Tag) -> None:
         readback = self._readback
-        # Earlier steps' snapshots whose copies have completed (normally just the previous step's).
+        # Earlier steps' snapshots whose copies have completed (normally just the last one taken).
         while readback.pending():
             snapshot = readback.harvest()
             if snapshot is None:
                 break
             self._process(snapshot)
-        readback.take(tag)
-        self._after_step(tag.step)
+        # A snapshot every `readback_interval` steps (each is a copy and an event record: CUDA calls
+        # that contend with the graph launch's submission), and on steps whose SWA or stats line is due.
+        step = tag.step
+        stats = self._stats_interval
+        if step % self._readback_interval == 0 or tag.swa_due or (stats and step % stats == 0):
+            readback.take(tag)
+        self._after_step(step)
 
     def _drain(self, final: bool) -> None:
         import torch
@@ -427,7 +433,7 @@ class CanaryManager:
                 ).format(),
             )
         interval = self._stats_interval
-        if interval and tag.step % interval == 0 and tag.step > self._stats_logged_step:
+        if interval and tag.step // interval > self._stats_logged_step // interval:
             self._stats_logged_step = tag.step
             logger.info("%s", self._last.format())
 
