@@ -153,6 +153,7 @@ class CanaryManager:
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
         self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> its sub-forward managers
+        self._single_listings: dict = {}  # int i -> the managers of the listing (i,)
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
@@ -245,6 +246,10 @@ class CanaryManager:
     def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
         """The sub-forward managers of a listing; validated once per distinct listing."""
         key = single_forward_indices
+        if type(key) is list and len(key) == 1:  # the usual wiring, `outside=[0]`: no tuple, no scan
+            found = self._single_listings.get(key[0]) if type(key[0]) is int else None
+            if found is not None:
+                return found
         if key is None or type(key) is range:
             pass
         elif type(key) in (list, tuple):
@@ -262,6 +267,8 @@ class CanaryManager:
             raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
         if key is not False and len(self._listings) < 256:
             self._listings[key] = sfms
+            if type(key) is tuple and len(key) == 1:
+                self._single_listings[key[0]] = sfms
         return sfms
 
     # Called by the bracketed model.forward.
