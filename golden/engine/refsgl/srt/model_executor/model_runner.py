@@ -195,6 +195,10 @@ class ModelRunner:
             self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Greedy next token of each request (one logits row per request), as int32 token ids like sglang's sampler."""
+        return torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
+
     def forward_idle(self, forward_batch: ForwardBatch):
         hidden = torch.empty((0, self.model_config.hidden_size), device=self.device, dtype=self.dtype)
         logits = torch.empty((0, self.model_config.vocab_size), device=self.device, dtype=self.dtype)
