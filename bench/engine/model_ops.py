@@ -39,9 +39,12 @@ if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+from canary_instrument.demo import engine_copy  # noqa: E402
 
 # overhead.py / step_floor.py's engine: 8 layers, Llama-3-8B's per-layer attention shape, bf16.
 ENGINE_SHAPE = dict(
@@ -66,7 +69,8 @@ METADATA_OPS = {
 }
 
 
-def _label_triton_launches():
+@contextlib.contextmanager
+def _labelled_triton_launches():
     """Run every interpreted Triton launch under a `triton::<kernel>` profiler span (one op each)."""
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -77,6 +81,10 @@ def _label_triton_launches():
             return run(self, *args, **kwargs)
 
     InterpretedFunction.run = labelled_run
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
 
 
 def _does_work(event) -> bool:
@@ -167,6 +175,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(out: Path, rows: list[dict], meta: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(rows, meta))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine-dir", type=Path, default=ROOT / "golden" / "engine",
@@ -180,27 +194,25 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    sys.path.insert(0, str(args.engine_dir.resolve()))
-    engine_mod = importlib.import_module("refsgl.srt.entrypoints.engine")
+    engine_mod = engine_copy.import_engine(args.engine_dir)  # replaces any refsgl imported before
     if Path(engine_mod.__file__).resolve().parents[3] != args.engine_dir.resolve():
         raise RuntimeError(f"refsgl was imported from {engine_mod.__file__}, not from {args.engine_dir}")
-    _label_triton_launches()
     shape = SMOKE_SHAPE if args.smoke else ENGINE_SHAPE
+    command = " ".join(["python bench/engine/model_ops.py", *(sys.argv[1:] if argv is None else argv)])
+    meta = dict(
+        engine_dir=str(args.engine_dir), command=command,
+        torch=torch.__version__, platform=platform.platform(), shape=shape,
+    )
     rows = []
     for layout in args.layouts:
         for path in args.paths:
-            row = measure(engine_mod, layout, path, shape, args.requests, args.prompt_len)
+            with _labelled_triton_launches():
+                row = measure(engine_mod, layout, path, shape, args.requests, args.prompt_len)
             print(f"{layout:4} {path:5} model {row['model_ops']:4} ({row['per_layer']}/layer) "
                   f"attention {row['attention_ops']:3} host reads {row['host_reads']}", flush=True)
             rows.append(row)
-    meta = dict(
-        engine_dir=str(args.engine_dir), command="python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        torch=torch.__version__, platform=platform.platform(), shape=shape,
-    )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(markdown(rows, meta))
+            if args.out:  # saved as measured: a long run cut short keeps its rows
+                _save(args.out, rows, meta)
     return rows
 
 
