@@ -8,10 +8,14 @@ with the canary on that is the outside-graph phases (phase checks, step count, r
 sub-forward routing, with it off the null contexts the same sites return. The sampler wrap
 (`record_sampled`, on) is timed too. What runs between a context's entry and exit (the model
 forward, a CUDA-graph replay) is not counted. The bracket's host work inside eager forwards
-(plan + kernel launches; none when a CUDA graph replays) is reported beside it, not in the total:
-on CUDA the reference engine replays decode and draft-extend through graphs but runs the EAGLE
-draft chain eagerly, which sglang captures in a graph too. Medians over --steps decode steps; a
-second pass under torch.profiler counts the aten ops issued inside the timed canary phases.
+(plan + kernel launches; none when a CUDA graph replays) is reported beside it, not in the total.
+On CUDA every decode step replays CUDA graphs, as sglang runs it: the target's decode graph, or
+with EAGLE the multi-step draft chain, the target verify and the draft-extend, each with the
+canary's passes recorded inside. The benchmark counts the replays and the eager bracketed forwards
+of every timed step and refuses a step that fell back to an eager forward (a batch above the
+captured sizes, a runner that was not captured); `--disable-cuda-graph` measures the eager engine
+instead. Medians over --steps decode steps; a second pass under torch.profiler counts the aten ops
+issued inside the timed canary phases.
 
 On CUDA, the first CUDA call after a graph launch waits while the driver submits the graph (tens of
 microseconds for the engine's decode graph, measured with an untimed stream query before the site's
@@ -22,6 +26,7 @@ alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
 
     PYTHONPATH=. python bench/runtime/step_overhead.py --out bench/runtime/results/cpu.json
     PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --out $OUT/gpu.json
+    PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --subs 3 --bs 8 64 256 --out $OUT/gpu_eagle.json
 """
 
 from __future__ import annotations
@@ -62,11 +67,15 @@ class Clock:
         self.sites = 0.0  # wired sites: building, entering and leaving their contexts
         self.sample = 0.0  # the sampler wrap's record
         self.bracket = 0.0  # bracketed forwards' pre/post ops (eager forwards only)
+        self.eager_forwards = 0  # bracketed model forwards run eagerly (pre-ops called outside a capture)
+        self.replays: collections.Counter = collections.Counter()  # CUDA-graph replays per graph runner
         self.profiling = False
         self.absorb = None  # called before each timed site exit (see _Timed.__exit__)
 
     def reset(self):
         self.sites = self.sample = self.bracket = 0.0
+        self.eager_forwards = 0
+        self.replays.clear()
 
 
 CLOCK = Clock()
@@ -151,16 +160,45 @@ def _time_manager(manager) -> None:
 
         return run
 
+    def counted(fn):
+        def run(*args, **kwargs):
+            CLOCK.eager_forwards += 1  # a replay runs no Python: only an eager forward gets here
+            return fn(*args, **kwargs)
+
+        return run
+
     if hasattr(manager, "record_sampled"):  # absent before the sampler wrap (runs of older commits)
         manager.record_sampled = timed(manager.record_sampled, "sample")
-    manager.pre_ops_maybe_inside_graph = timed(manager.pre_ops_maybe_inside_graph, "bracket")
+    manager.pre_ops_maybe_inside_graph = counted(timed(manager.pre_ops_maybe_inside_graph, "bracket"))
     manager.post_ops_maybe_inside_graph = timed(manager.post_ops_maybe_inside_graph, "bracket")
+
+
+def graph_runners(engine) -> dict:
+    """The engine's captured CUDA-graph runners by role (none on CPU or with graphs disabled)."""
+    spec = engine.spec_worker
+    runners = {
+        # The target's runner captures its decode forward, or with EAGLE its verify forward.
+        "target": engine.model_runner.graph_runner,
+        "draft": spec.cuda_graph_runner if spec is not None else None,
+        "draft_extend": spec.cuda_graph_runner_for_draft_extend if spec is not None else None,
+    }
+    return {name: runner for name, runner in runners.items() if runner is not None}
+
+
+def _count_replays(runners: dict) -> None:
+    """Count each runner's replays into CLOCK (on the instance; the replay itself is untouched)."""
+    for name, runner in runners.items():
+        def replay(*args, _replay=runner.replay, _name=name, **kwargs):
+            CLOCK.replays[_name] += 1
+            return _replay(*args, **kwargs)
+
+        runner.replay = replay
 
 
 class Case:
     """One engine (canary on or off) with ``bs`` requests decoding; ``subs`` draft sub-forwards (EAGLE) or 1."""
 
-    def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str):
+    def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str, graphs: bool = True):
         eagle = subs > 1
         per_step = subs + 2 if eagle else 1  # tokens a step may add: accepted drafts + bonus
         new_tokens = steps * per_step + 16
@@ -168,11 +206,20 @@ class Case:
         args = dict(matrix.ENGINE_DEFAULTS, attention_layout="mha", device=device, max_running_requests=bs,
                     cuda_graph_max_bs=bs, max_context_len=context, max_total_tokens=bs * context + 64,
                     chunked_prefill_size=bs * PROMPT, disable_radix_cache=True,
-                    kv_canary="log" if canary else "none", kv_canary_real_kv="partial")
+                    kv_canary="log" if canary else "none", kv_canary_real_kv="partial",
+                    disable_cuda_graph=not graphs)
         if eagle:
             args.update(speculative_algorithm="EAGLE", speculative_num_steps=subs + 1)
         self.engine = module.Engine(**args)
         self.device = device
+        self.graph_runners = graph_runners(self.engine)
+        # What every decode step must replay: on CUDA with graphs on, each captured runner once.
+        self.expected_replays = dict.fromkeys(self.graph_runners, 1)
+        if device == "cuda" and graphs:
+            roles = {"target", "draft", "draft_extend"} if eagle else {"target"}
+            if set(self.graph_runners) != roles:
+                raise RuntimeError(f"expected CUDA-graph runners {sorted(roles)}, got {sorted(self.graph_runners)}")
+        _count_replays(self.graph_runners)
         self.managers = [m for m in (getattr(r, "canary_manager", None) for r in self.engine.model_runners) if m]
         if canary:
             for manager in self.managers:
@@ -186,13 +233,17 @@ class Case:
         while self.engine.scheduler.waiting or self.engine.scheduler.chunked_req is not None:
             self.engine.step()
 
-    def step(self) -> tuple[float, float, float]:
-        """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket."""
+    def step(self) -> tuple[float, float, float, int]:
+        """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket, and
+        the eager bracketed forwards it ran (canary on only; 0 when every forward replayed a graph)."""
         CLOCK.reset()
         batch = self.engine.step()
         if batch is None or not batch.forward_mode.is_decode() or len(self.engine.scheduler.running) != len(batch.reqs):
             raise RuntimeError("the measured requests left decode or finished: raise the step budget")
-        return CLOCK.sites, CLOCK.sample, CLOCK.bracket
+        if dict(CLOCK.replays) != self.expected_replays:
+            raise RuntimeError(f"a decode step replayed {dict(CLOCK.replays)}, expected {self.expected_replays}: "
+                               "a forward fell back to eager")
+        return CLOCK.sites, CLOCK.sample, CLOCK.bracket, CLOCK.eager_forwards
 
 
 def _phase_of(event):
@@ -239,22 +290,25 @@ def count_ops(case: Case, steps: int) -> dict:
     }
 
 
-def run_case(module, bs, subs, steps, warmup, profile_steps, device):
+def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True):
     us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
     row = dict(bs=bs, sub_forwards=subs, steps=steps)
     for canary in (False, True):
-        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device)
+        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs)
         for _ in range(warmup):
             case.step()
-        sites, sample, bracket = [], [], []
+        sites, sample, bracket, eager = [], [], [], 0
         for _ in range(steps):
-            a, b, c = case.step()
+            a, b, c, d = case.step()
             sites.append(a)
             sample.append(b)
             bracket.append(c)
+            eager += d
         key = "on" if canary else "off"
         row[f"{key}_sites_us"] = us(sites)
         if canary:
+            # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
+            row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)
             total = [a + b for a, b in zip(sites, sample)]
             row.update(on_sample_us=us(sample), on_total_us=us(total),
                        on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
@@ -267,12 +321,19 @@ def run_case(module, bs, subs, steps, warmup, profile_steps, device):
     return row
 
 
+def _replays(row) -> str:
+    found = row.get("graph_replays_per_step")  # absent in results of older commits
+    if found is None:
+        return ""
+    return ", ".join(f"{name} {n}" for name, n in found.items()) or "none"
+
+
 def markdown(rows) -> str:
     lines = [
         "| bs | sub-forwards | off: sites (us) | on: sites (us) | on: sampler wrap (us) | on: total (us, median) | "
         "on: total p90 (us) | added by the canary (us) | aten ops in the phases (of which kernel or copy) | "
-        "bracket in eager forwards (us, not in the total) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "bracket in eager forwards (us, not in the total) | graph replays per step | eager forwards per step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         aten = sum(p["aten_ops"] for name, p in r["ops"].items() if name != "bracket")
@@ -280,7 +341,7 @@ def markdown(rows) -> str:
         lines.append(
             f"| {r['bs']} | {r['sub_forwards']} | {r['off_sites_us']} | {r['on_sites_us']} | {r['on_sample_us']} | "
             f"{r['on_total_us']} | {r['on_total_p90_us']} | **{r['added_us']}** | {aten:g} ({work:g}) | "
-            f"{r['on_bracket_us']} |"
+            f"{r['on_bracket_us']} | {_replays(r)} | {r.get('eager_forwards_per_step', '')} |"
         )
     return "\n".join(lines)
 
@@ -297,6 +358,9 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, help="write the figures as JSON here (and .md beside it)")
     parser.add_argument("--readback-interval", type=int, default=None,
                         help="the canary's kv_canary_readback_interval (KV_CANARY_READBACK_INTERVAL) for the runs")
+    parser.add_argument("--disable-cuda-graph", action="store_true",
+                        help="on CUDA, run every forward eagerly (the default replays decode, verify, draft chain "
+                             "and draft-extend from CUDA graphs)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
     args = parser.parse_args(argv)
@@ -316,13 +380,15 @@ def main(argv=None):
     rows = []
     for subs in args.subs:
         for bs in args.bs:
-            row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device)
+            row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
+                           graphs=not args.disable_cuda_graph)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
     meta = dict(
         device=args.device, device_name=device_name, torch=torch.__version__, python=platform.python_version(),
         cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
+        cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
         readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "1")), absorbed=CLOCK.absorb is not None,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
