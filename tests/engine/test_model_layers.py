@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import random
 from types import SimpleNamespace
 
@@ -222,6 +223,10 @@ def prompts(n=2, seed=1):
 def test_triton_layers_generate_what_the_torch_layers_generate(refsgl, m, layout, eagle):
     """Prefill, decode and (EAGLE) draft / verify / draft-extend forwards through the Triton layers (on CPU via
     the interpreter) give the torch layers' greedy tokens."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        # Where CUDA is visible the interpreter is off and Triton cannot run a CPU engine's tensors; there the
+        # layer kernels are compared with their torch paths one by one on CUDA (tests above).
+        pytest.skip("a CPU engine's Triton layers need Triton's interpreter, which is off where CUDA is visible")
     outputs = {}
     for path in ("torch", "triton"):
         engine = refsgl.Engine(**TINY, attention_layout=layout, device="cpu",
