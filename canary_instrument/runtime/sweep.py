@@ -114,7 +114,7 @@ class Sweeper:
             cursor = self._cursor = RadixCursor(cache)
         if not cursor.walkable:
             if not self._told_unwalkable:
-                logger.info("kv_canary sweep: %s holds no prefix tree; nothing to sweep", type(cache).__qualname__)
+                logger.info("kv_canary sweep: %s holds no prefix tree; nothing to sweep", type(cache).__name__)
                 self._told_unwalkable = True
             return 0
         piece = cursor.next_slice(self.capacity)
