@@ -42,7 +42,7 @@ class Harness:
         return self.engine.scheduler.tree_cache
 
 
-def instrumented(layout: str = "mha", **engine_args) -> Harness:
+def instrumented(layout: str = "mha", init_finished: bool = True, **engine_args) -> Harness:
     args = dict(attention_layout=layout, device="cpu", kv_canary="log", kv_canary_real_kv="partial")
     args.update(engine_args)
     engine = engine_class()(**args)
@@ -64,5 +64,6 @@ def instrumented(layout: str = "mha", **engine_args) -> Harness:
         return out
 
     runner.forward = forward
-    mark_init_finished(runner.canary_manager)
+    if init_finished:
+        mark_init_finished(runner.canary_manager)
     return Harness(engine, runner.canary_manager, hooks)

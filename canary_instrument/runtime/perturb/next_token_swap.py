@@ -41,12 +41,17 @@ class NextTokenSwap:
         ids[i : i + 1].copy_(ids[j : j + 1])
         ids[j : j + 1].copy_(saved)
         rpi, slots = forward_batch.req_pool_indices, forward_batch.out_cache_loc
+        device = {
+            "req": rpi[i : i + 1].to(torch.int64), "other_req": rpi[j : j + 1].to(torch.int64),
+            "slot": slots[i : i + 1].to(torch.int64), "other_slot": slots[j : j + 1].to(torch.int64),
+            "applied": saved != ids[i : i + 1],
+        }
+        mapping = ctx.state.swa_mapping
+        if mapping is not None:  # the SWA group's rows of both positions carry the wrong token too
+            device["swa_slot"] = mapping.index_select(0, device["slot"]).to(torch.int64)
+            device["other_swa_slot"] = mapping.index_select(0, device["other_slot"]).to(torch.int64)
         return Planned(
             self.name, step, position=facts.prefix[i],
             extra=(("other_position", facts.prefix[j]), ("token", tokens[i]), ("other_token", tokens[j])),
-            device={
-                "req": rpi[i : i + 1].to(torch.int64), "other_req": rpi[j : j + 1].to(torch.int64),
-                "slot": slots[i : i + 1].to(torch.int64), "other_slot": slots[j : j + 1].to(torch.int64),
-                "applied": saved != ids[i : i + 1],
-            },
+            device=device,
         )

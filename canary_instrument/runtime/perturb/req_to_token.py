@@ -4,7 +4,8 @@ Models a wrong ``req_to_token`` write (an allocator or scheduler bug): the forwa
 position ``new_position`` where position ``position`` should be. The pre-forward pass of that
 forward verifies the entry and reports ``position`` (the row it finds belongs to another
 position). The entry is restored after the forward, so the engine frees the slots it allocated,
-not a slot twice.
+not a slot twice. The remapped position is never the last one read (``prefix - 1``): the rows this
+forward writes chain from that one, and a wrong chain would outlive the restore.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ReqToTokenRemap:
             return None
         r = ctx.rng.choice(rows)
         prefix = facts.prefix[r]
-        p = ctx.rng.randrange(prefix)
+        p = ctx.rng.randrange(prefix - 1)
         q = ctx.rng.randrange(prefix - 1)
         q += q >= p  # another position the forward also reads: its row's position is q, never p
         table = ctx.state.req_to_token

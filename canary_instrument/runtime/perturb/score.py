@@ -6,7 +6,7 @@ An injection is reported by a violation of the same or a later step that names w
 |---|---|
 | req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
 | real_kv_used, real_kv_post_forward, real_kv_unused_cache | the flipped slot, in the same group and half, reason ``fingerprint`` |
-| next_token_swap | reason ``token`` at either swapped (request, position), or at either slot in the FULL group (a later request that reuses the prefix) |
+| next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
 
 Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
 applied injection is *unattributed*: on a healthy engine there must be none.
@@ -47,10 +47,11 @@ def matches(injection: Injection, violation: Violation) -> bool:
         if "token" not in reasons:
             return False
         at = {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
-        slots = {injection.slot, injection.get("other_slot")}
-        return (violation.req_pool_index, violation.position) in at or (
-            violation.group == "full" and violation.slot in slots
-        )
+        if violation.group == "swa":
+            slots = {injection.get("swa_slot"), injection.get("other_swa_slot")} - {None, 0}
+        else:
+            slots = {injection.slot, injection.get("other_slot")}
+        return (violation.req_pool_index, violation.position) in at or violation.slot in slots
     return False
 
 
