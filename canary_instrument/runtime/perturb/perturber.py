@@ -83,8 +83,8 @@ class Perturber:
         self.counts = {kind: 0 for kind in settings.kinds}  # injections made (logged or about to be)
         self.skipped_busy = 0  # opportunities dropped because too many injections awaited their device facts
         logger.warning(
-            "kv_canary perturb: enabled %s (seed %d, from step %d, target group %s); injected corruption is "
-            "logged as kv_canary_perturb= lines",
+            "kv_canary perturb: enabled %s (seed %d, from step %d, target group %s); each injection is logged "
+            "as one kv_canary_perturb line",
             ", ".join(f"{k}={r:g}" for k, r in settings.rates), settings.seed, settings.warmup_steps + 1,
             settings.target_group,
         )
