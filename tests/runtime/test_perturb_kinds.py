@@ -233,3 +233,16 @@ def test_warm_up_rates_and_unusable_settings():
     draft = make_scenario("mha", "partial", seed=1, token_offset=1)
     with pytest.raises(ValueError, match="target model runner's manager"):
         perturber("req_to_token", draft.state)
+
+
+def test_limit_makes_a_one_shot_fault():
+    # The fault matrix's pattern: arm one kind at rate 1, fire at the first forward with a target, never again.
+    sc = scenario("mha", decode=True)
+    fb = forward_batch(sc, decode=True)
+    pert = Perturber(PerturbSettings(rates=(("next_token_swap", 1.0),), warmup_steps=0), sc.state, limit=1)
+    for step in range(1, 6):
+        pert.before_forward(ManagerView(step), fb)
+        pert.after_forward(ManagerView(step), fb)
+    assert [i.step for i in pert.drain()] == [1] and pert.counts == {"next_token_swap": 1}
+    with pytest.raises(ValueError, match="limit must be >= 1 or None"):
+        Perturber(PerturbSettings(rates=(("next_token_swap", 1.0),)), sc.state, limit=0)

@@ -66,10 +66,16 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
 
 
 class Perturber:
-    def __init__(self, settings: PerturbSettings, state: Any):
+    """``limit`` caps the injections per kind (None: no cap); the fault matrix arms one fault with
+    ``rate=1.0, limit=1``: it fires at the first opportunity that has a target, then never again."""
+
+    def __init__(self, settings: PerturbSettings, state: Any, limit: Optional[int] = None):
         check_usable(settings, state)
+        if limit is not None and limit < 1:
+            raise ValueError(f"kv canary perturb: limit must be >= 1 or None; got {limit}")
         self.settings = settings
         self.state = state
+        self.limit = limit
         self._hooks: dict[str, list] = {hook: [] for hook in HOOKS}
         for index, kind in enumerate(KINDS):
             rate = settings.rate(kind)
@@ -115,6 +121,8 @@ class Perturber:
     def _run(self, hook: str, step: int, forward_batch: Any = None, cache: Any = None) -> None:
         if step > self.settings.warmup_steps:
             for impl, rate, ctx in self._hooks[hook]:
+                if self.limit is not None and self.counts[impl.name] >= self.limit:
+                    continue
                 if ctx.rng.random() >= rate:
                     continue
                 if self._facts.full:
