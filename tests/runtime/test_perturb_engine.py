@@ -56,8 +56,11 @@ def drain_cache(harness, sweeper, extra_steps):
         extra_steps -= 1
 
 
-@pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
-def test_every_applied_injection_is_reported_and_nothing_else(layout):
+# MLA (one canary group, the latent row) adds little over MHA here and runs with the slow tests.
+@pytest.mark.parametrize("layout", ["mha", pytest.param("mla", marks=pytest.mark.slow), "swa"])
+def test_every_applied_injection_is_reported_and_nothing_else(layout, request):
+    if "slow" in request.keywords and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("runs with the slow tests: select them with -m slow")
     logging.getLogger("canary_instrument.runtime").setLevel(logging.CRITICAL)  # the ERROR lines are scored here
     settings = PerturbSettings(
         rates=(("req_to_token", 0.1), ("real_kv_used", 0.1), ("real_kv_unused_cache", 0.1),
