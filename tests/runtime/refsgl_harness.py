@@ -42,8 +42,8 @@ class Harness:
         return self.engine.scheduler.tree_cache
 
 
-def instrumented(layout: str = "mha", init_finished: bool = True, **engine_args) -> Harness:
-    args = dict(attention_layout=layout, device="cpu", kv_canary="log", kv_canary_real_kv="partial")
+def instrumented(layout: str = "mha", init_finished: bool = True, device: str = "cpu", **engine_args) -> Harness:
+    args = dict(attention_layout=layout, device=device, kv_canary="log", kv_canary_real_kv="partial")
     args.update(engine_args)
     engine = engine_class()(**args)
     runner = engine.model_runner

@@ -15,6 +15,7 @@ from canary_instrument.demo.workload import Workload, WorkloadShape
 from canary_instrument.runtime.radix_walk import FlatRows, Segment, WalkSlice
 from canary_instrument.runtime.state import CanaryGroup, CanaryState
 from canary_instrument.runtime.sweep import Sweeper
+from canary_instrument.runtime.sweep_reference import TorchSweepOps
 from canary_instrument.runtime.sweep_triton import TritonSweepOps
 from canary_instrument.runtime.violations import Violation
 
@@ -131,8 +132,8 @@ def test_sweep_during_serving_is_clean_and_finds_a_flipped_cached_bit(layout):
     }
 
 
-def test_the_triton_sweep_on_the_engine_cache_matches_the_reference():
-    harness = instrumented("swa", max_total_tokens=512, max_context_len=128, chunked_prefill_size=32,
+def test_the_triton_sweep_on_the_engine_cache_matches_the_reference(device):
+    harness = instrumented("swa", device=device, max_total_tokens=512, max_context_len=128, chunked_prefill_size=32,
                            sliding_window_size=8)
     _serve(harness, 30, seed=5, concurrency=3, max_new_tokens=(4, 10))
     harness.engine.scheduler.abort_all_requests()
@@ -142,7 +143,7 @@ def test_the_triton_sweep_on_the_engine_cache_matches_the_reference():
     rows[int(mapping[mapped[0]]), 1] += 1  # a wrong position in the SWA group of a cached slot
     ring_before = int(state.ring_count[0])
     results = []
-    for ops in (None, TritonSweepOps(block=16, programs=3)):
+    for ops in (TorchSweepOps(), TritonSweepOps(block=16, programs=3)):
         state.ring_count[0] = ring_before
         sweeper = Sweeper(state, interval=1, slots_per_sweep=1000, ops=ops)
         sweeper.maybe_sweep(1, harness.tree_cache)
