@@ -20,9 +20,7 @@ from .refsgl_harness import instrumented
 
 
 def perturbed(layout, settings, sweep_interval=1, sweep_slots=64, device="cpu"):
-    # The harness wires the pristine engine after it is built, so graphs it captured would lack the canary
-    # passes: decode runs eagerly here (the wired engine's graph path is the e2e suite's and the soak's).
-    harness = instrumented(layout, device=device, disable_cuda_graph=True, max_total_tokens=768, max_context_len=256, chunked_prefill_size=48,
+    harness = instrumented(layout, device=device, max_total_tokens=768, max_context_len=256, chunked_prefill_size=48,
                            sliding_window_size=16)
     manager = harness.manager
     perturber = Perturber(settings, manager.state)
