@@ -6,6 +6,7 @@ from canary_instrument.catalog.model import (
     Catalog,
     CatalogError,
     Hook,
+    KvForward,
     Location,
     Manager,
     Site,
@@ -15,6 +16,6 @@ from canary_instrument.catalog.model import (
 )
 
 __all__ = [
-    "BUNDLED", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "Location", "Manager", "Site",
+    "BUNDLED", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "KvForward", "Location", "Manager", "Site",
     "Trigger", "build_catalog", "call_matches", "find_pyproject", "load_catalog", "path_matches",
 ]

@@ -13,7 +13,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from canary_instrument.catalog.model import Catalog, CatalogError, Hook, Location, Manager, Site, Trigger
+from canary_instrument.catalog.model import (
+    TRIGGER_KINDS, Catalog, CatalogError, Hook, KvForward, Location, Manager, Site, Trigger,
+)
 
 try:
     import tomllib
@@ -72,11 +74,13 @@ def _read_toml(path: Path) -> dict:
 
 _TOP_KEYS = {
     "default", "runtime_module", "member", "placeholder_factory", "managers", "sites", "hooks",
-    "triggers", "extend_triggers", "exclude", "catalog",
+    "triggers", "extend_triggers", "exclude", "catalog", "kv_forward",
 }
 _SITE_KEYS = {"role", "placeholder", "shape", "calls", "wiring", "item", "loop", "candidates", "extend_candidates"}
 _HOOK_KEYS = {"role", "after_calls", "statement", "candidates", "extend_candidates"}
 _LOCATION_KEYS = {"path", "classes", "methods", "manager"}
+_TRIGGER_KEYS = {"calls", "what", "kind"}
+_KV_FORWARD_KEYS = {"methods", "batch_types", "batch_names"}
 
 
 def _check_layer(source: str, raw: dict) -> None:
@@ -89,6 +93,21 @@ def _check_layer(source: str, raw: dict) -> None:
     for key in ("sites", "hooks", "triggers", "extend_triggers"):
         if key in raw and not (isinstance(raw[key], list) and all(isinstance(e, dict) for e in raw[key])):
             raise CatalogError(f"{source}: {key}: expected an array of tables ([[{key}]])")
+    for key in ("triggers", "extend_triggers"):
+        for index, entry in enumerate(raw.get(key, [])):
+            for field in entry:
+                if field not in _TRIGGER_KEYS:
+                    raise CatalogError(
+                        f"{source}: {key}[{index}].{field}: unknown field (known: {', '.join(sorted(_TRIGGER_KEYS))})"
+                    )
+    if "kv_forward" in raw:
+        if not isinstance(raw["kv_forward"], dict):
+            raise CatalogError(f"{source}: kv_forward: expected a table [kv_forward]")
+        for field in raw["kv_forward"]:
+            if field not in _KV_FORWARD_KEYS:
+                raise CatalogError(
+                    f"{source}: kv_forward.{field}: unknown field (known: {', '.join(sorted(_KV_FORWARD_KEYS))})"
+                )
     if "managers" in raw and not (
         isinstance(raw["managers"], dict) and all(isinstance(v, dict) for v in raw["managers"].values())
     ):
@@ -118,7 +137,9 @@ def _overlay(base: dict, layer: dict) -> dict:
     for key, value in layer.items():
         if key in ("default",):
             continue
-        if key == "managers":
+        if key == "kv_forward":
+            merged["kv_forward"] = {**merged.get("kv_forward", {}), **copy.deepcopy(value)}
+        elif key == "managers":
             managers = merged.setdefault("managers", {})
             for name, fields in value.items():
                 managers[name] = {**managers.get(name, {}), **fields}
@@ -258,12 +279,24 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
 
     triggers = []
     for index, entry in enumerate(raw.get("triggers", [])):
+        kind = entry.get("kind", "forward")
+        if kind not in TRIGGER_KINDS:
+            raise CatalogError(
+                f"{source}: triggers[{index}].kind: expected one of {', '.join(TRIGGER_KINDS)}, got {kind!r}"
+            )
         triggers.append(
             Trigger(
                 calls=strings(entry.get("calls"), f"triggers[{index}].calls"),
                 what=string(entry.get("what", "forward path"), f"triggers[{index}].what"),
+                kind=kind,
             )
         )
+    kv_raw = raw.get("kv_forward", {})
+    defaults = KvForward()
+    kv_forward = KvForward(**{
+        name: strings(kv_raw[name], f"kv_forward.{name}") if name in kv_raw else getattr(defaults, name)
+        for name in _KV_FORWARD_KEYS
+    })
 
     exclude = raw.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
@@ -279,4 +312,5 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         triggers=tuple(triggers),
         exclude=tuple(exclude),
         sources=sources,
+        kv_forward=kv_forward,
     )
