@@ -39,6 +39,55 @@ class SweepProgress:
     rows_sent: int  # rows handed to the device since start
 
 
+class SweepUpload:
+    """The pinned host buffer a slice is written into and its device twin, sent with one non-blocking copy.
+
+    One int64 buffer holds, in order: the row count, the rows (slot, position, prev_slot), and the
+    row indices that device-resident slots and predecessors are gathered into. Device views have
+    static addresses, so a captured sweep launch reads each new slice. The host side is double
+    buffered; a host buffer is rewritten only after the copy that last read it has completed
+    (sweeps are ``interval`` steps apart, so that wait finds the copy long done).
+    """
+
+    def __init__(self, capacity: int, device: Any):
+        import torch
+
+        self.capacity = capacity
+        self.size = 1 + 3 * capacity + 2 * capacity
+        self.cuda = torch.device(device).type == "cuda"
+        self._device = torch.zeros(self.size, dtype=torch.int64, device=device)
+        self.device = self._regions(self._device)
+        self._host = [torch.zeros(self.size, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._host_views = [self._regions(h.numpy()) for h in self._host]
+        self._copied = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self._pending = [False, False]
+        self._current = 0
+
+    def _regions(self, flat: Any) -> dict:
+        cap = self.capacity
+        return {
+            "count": flat[0:1],
+            "rows": flat[1 : 1 + 3 * cap].reshape(cap, 3),
+            "slot_dst": flat[1 + 3 * cap : 1 + 4 * cap],  # rows whose slot is gathered on the device
+            "prev_dst": flat[1 + 4 * cap : 1 + 5 * cap],  # rows whose predecessor slot is gathered on the device
+        }
+
+    def begin(self) -> dict:
+        """The other host buffer's regions (numpy views), once the copy that last read it has completed."""
+        self._current ^= 1
+        if self._pending[self._current]:
+            self._copied[self._current].synchronize()
+            self._pending[self._current] = False
+        return self._host_views[self._current]
+
+    def send(self, words: int) -> None:
+        """Copy the first ``words`` int64 of the current host buffer to the device (non-blocking on CUDA)."""
+        self._device[:words].copy_(self._host[self._current][:words], non_blocking=self.cuda)
+        if self.cuda:
+            self._copied[self._current].record()
+            self._pending[self._current] = True
+
+
 def sweep_ops(device: Any, backend: Optional[str] = None):
     """The sweep backend that matches the per-forward passes' choice (``ops.resolve_backend``)."""
     from canary_instrument.runtime.ops import resolve_backend
@@ -62,10 +111,7 @@ class Sweeper:
 
     def __init__(self, state: Any, *, interval: int, slots_per_sweep: int, ops: Any = None,
                  counters: Any = None, backend: Optional[str] = None):
-        import numpy as np
         import torch
-
-        from canary_instrument.runtime.staging import Staging
 
         if interval < 0:
             raise ValueError(f"kv canary sweep: interval must be >= 0 (0 = off); got {interval}")
@@ -76,21 +122,11 @@ class Sweeper:
         self.capacity = slots_per_sweep
         device = state.req_to_token.device
         self.ops = ops if ops is not None else sweep_ops(device, backend)
-        cap = slots_per_sweep
-        self._staging = Staging(
-            {
-                "count": (np.int64, (1,)),
-                "rows": (np.int64, (cap, 3)),
-                "slot_dst": (np.int64, (cap,)),  # rows whose slot is gathered on the device
-                "prev_dst": (np.int64, (cap,)),  # rows whose predecessor slot is gathered on the device
-            },
-            device,
-        )
+        self._upload = SweepUpload(slots_per_sweep, device)
         if counters is None:
             counters = torch.zeros(3, dtype=torch.int64, device=device)
-        self.buffers = SweepBuffers(
-            count=self._staging.device_view("count"), rows=self._staging.device_view("rows"), counters=counters
-        )
+        self.buffers = SweepBuffers(count=self._upload.device["count"], rows=self._upload.device["rows"],
+                                    counters=counters)
         self._cursor: Optional[RadixCursor] = None
         self._rows_sent = 0
         self._told_unwalkable = False
@@ -133,11 +169,11 @@ class Sweeper:
         n = piece.rows
         if n > self.capacity:
             raise ValueError(f"kv canary sweep: a slice of {n} rows exceeds the {self.capacity}-row buffer")
-        staging = self._staging
-        staging.begin()
-        staging.host("count")[0] = n
-        rows = staging.host("rows")
-        slot_dst, prev_dst = staging.host("slot_dst"), staging.host("prev_dst")
+        upload = self._upload
+        host = upload.begin()
+        host["count"][0] = n
+        rows = host["rows"]
+        slot_dst, prev_dst = host["slot_dst"], host["prev_dst"]
         device = self.buffers.rows.device
         # Tensors already on the rows' device are gathered there (no host read); anything else
         # (ints, lists, host tensors next to a CUDA pool) goes through the pinned buffer.
@@ -182,14 +218,15 @@ class Sweeper:
                 rows[at + 1 : at + k, 2] = values[: k - 1]
             at += k
         gathers = n_slot_dst or n_prev_dst
-        staging.upload(staging.end("prev_dst") if gathers else staging.offset("rows") + 24 * n)
+        # The gather targets sit after the rows: sent only when a gather reads them.
+        upload.send(upload.size if gathers else 1 + 3 * n)
         device_rows = self.buffers.rows
         if n_slot_dst:
             values = torch.cat([s.reshape(-1) for s in device_slots]).to(torch.int64)
-            device_rows[:, 0].index_copy_(0, staging.device_view("slot_dst")[:n_slot_dst], values)
+            device_rows[:, 0].index_copy_(0, upload.device["slot_dst"][:n_slot_dst], values)
         if n_prev_dst:
             values = torch.cat([s.reshape(-1) for s in device_prevs]).to(torch.int64)
-            device_rows[:, 2].index_copy_(0, staging.device_view("prev_dst")[:n_prev_dst], values)
+            device_rows[:, 2].index_copy_(0, upload.device["prev_dst"][:n_prev_dst], values)
         for at, seg in device_flat:
             k = len(seg)
             for col, values in enumerate((seg.slots, seg.positions, seg.prevs)):

@@ -52,7 +52,7 @@ def forward_batch(sc, decode=False):
         out_cache_loc=torch.tensor([s for r in reqs for s in r.full_slots[r.prefix:]], dtype=torch.int64),
         extend_prefix_lens_cpu=None if decode else prefix,
         extend_seq_lens_cpu=None if decode else extend,
-        canary_token_ids=[r.tokens[: r.prefix + r.extend] for r in reqs],
+        seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, extend)]),
     )
 
 
@@ -167,17 +167,31 @@ def test_next_token_swap_is_a_token_violation_at_both_positions(seed):
     assert (result.reported, result.kinds["next_token_swap"].delays, result.unattributed) == (1, [0], [])
 
 
-def test_next_token_swap_skips_batches_it_cannot_change():
+def test_next_token_swap_of_equal_tokens_is_logged_as_not_applied():
     sc = scenario("mha", decode=True)
     fb = forward_batch(sc, decode=True)
-    for tokens in fb.canary_token_ids:
-        tokens[-1] = 5  # every request's next token is the same: a swap would change nothing
+    fb.input_ids.fill_(5)  # every request's next token is the same: a swap changes nothing
     pert = perturber("next_token_swap", sc.state)
     pert.before_forward(ManagerView(step=1), fb)
-    assert pert.drain() == [] and pert.counts == {"next_token_swap": 0}
+    [injection] = pert.drain()
+    assert not injection.applied and fb.input_ids.tolist() == [5, 5, 5]
+    assert score([injection], []).not_applied == 1
     extend = forward_batch(scenario("mha"))  # and it only swaps decode tokens
     pert.before_forward(ManagerView(step=1), extend)
     assert pert.drain() == []
+
+
+def test_next_token_swap_picks_a_partner_whose_token_differs():
+    sc = scenario("mha", decode=True)
+    fb = forward_batch(sc, decode=True)
+    fb.input_ids.copy_(torch.tensor([7, 7, 9]))  # only request row 2 can change rows 0 and 1
+    pert = perturber("next_token_swap", sc.state, seed=1)
+    for step in range(1, 4):
+        before = fb.input_ids.clone()
+        pert.before_forward(ManagerView(step=step), fb)
+        [injection] = pert.drain()
+        assert injection.applied and int((before != fb.input_ids).sum()) == 2
+        assert {injection.get("token"), injection.get("other_token")} == {7, 9}
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -225,7 +239,7 @@ def test_warm_up_rates_and_unusable_settings():
     with pytest.raises(ValueError, match="real_kv_used needs kv_canary_real_kv=partial or all"):
         perturber("real_kv_used", none_kv.state)
     no_tokens = make_scenario("mha", "partial", seed=1, expected_tokens=False)
-    no_tokens.state.expected_tokens = None
+    no_tokens.state.sampled_tokens = None
     with pytest.raises(ValueError, match="next_token_swap needs the token check"):
         perturber("next_token_swap", no_tokens.state)
     with pytest.raises(ValueError, match="target group 'swa' needs an SWA pool; this pool is mha"):

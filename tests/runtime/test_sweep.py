@@ -1,4 +1,4 @@
-"""The Sweeper: staging of walked rows, its schedule, and the sweep on the reference engine's real cache.
+"""The Sweeper: the upload of walked rows, its schedule, and the sweep on the reference engine's real cache.
 
 The engine serves on CPU with the canary installed (real pools, real radix cache with prefix
 sharing, chunked prefill, eviction and the SWA window); the sweep runs at step end the way the
@@ -27,7 +27,7 @@ def tiny_state(slots=64):
     return CanaryState(
         layout="mla", realkv="none",
         groups=[CanaryGroup(0, 0, torch.zeros((slots, 4), dtype=torch.int64))],
-        req_to_token=torch.zeros((2, 8), dtype=torch.int32), expected_tokens=None, token_offset=0,
+        req_to_token=torch.zeros((2, 8), dtype=torch.int32), token_offset=0,
         ring=torch.zeros((16, 8), dtype=torch.int64), ring_count=torch.zeros(1, dtype=torch.int64),
     )
 

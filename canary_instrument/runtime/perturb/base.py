@@ -30,6 +30,9 @@ class Planned:
     extra: tuple = ()  # host-known kind-specific fields ((name, int), ...)
     device: dict = field(default_factory=dict)  # name -> one-element device tensor: slot, req, applied, extras
     undo: Optional[Callable[[], None]] = None  # restores what was corrupted (called after the forward read it)
+    # (name, device fact, host table): a logged field looked up in a host table by a device fact, which
+    # itself is not logged (next_token_swap's partner position, by the partner's batch row).
+    derived: tuple = ()
 
 
 @dataclass

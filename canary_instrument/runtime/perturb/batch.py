@@ -2,9 +2,8 @@
 
 Per request of the batch: how many leading positions this forward reads (and verifies) and how
 many it writes. They come from the batch's host copies (sglang's ``extend_prefix_lens_cpu``,
-``extend_seq_lens_cpu``, ``seq_lens_cpu``) or, for decode, from the host token lists the canary's
-token check already receives (``canary_token_ids``). A batch that carries none of them gets no
-batch perturbation; nothing is ever read back from the device to find out.
+``extend_seq_lens_cpu``, ``seq_lens_cpu``). A batch that carries none of them gets no batch
+perturbation; nothing is ever read back from the device to find out.
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
     if size == 0 or mode.is_idle():
         return None
     seq_lens = _host_list(getattr(forward_batch, "seq_lens_cpu", None))
-    known = getattr(forward_batch, "canary_token_ids", None)
     if mode.is_target_verify():
         # sglang reports the prefix as seq_lens for a verify; every request scores the same draft width.
         prefix = seq_lens or _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
@@ -64,13 +62,9 @@ def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
             return None
         return BatchFacts("verify", tuple(prefix[:size]), (int(width),) * size)
     if mode.is_decode():
-        if seq_lens is not None:
-            lengths = seq_lens
-        elif known is not None:
-            lengths = [len(tokens) for tokens in known]
-        else:
+        if seq_lens is None:
             return None
-        return BatchFacts("decode", tuple(n - 1 for n in lengths[:size]), (1,) * size)
+        return BatchFacts("decode", tuple(n - 1 for n in seq_lens[:size]), (1,) * size)
     prefix = _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
     new = _host_list(getattr(forward_batch, "extend_seq_lens_cpu", None))
     if prefix is None or new is None:

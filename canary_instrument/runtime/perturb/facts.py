@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
-WIDTH = 8  # device facts per injection
+WIDTH = 12  # device facts per injection
 
 
 class FactReadback:

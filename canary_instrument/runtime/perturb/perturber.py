@@ -55,9 +55,10 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
     if real_kv and state.realkv == "none":
         raise ValueError(f"kv canary perturbation {real_kv[0]} needs kv_canary_real_kv=partial or all: with none "
                          "no fingerprint is kept, so a flipped KV bit cannot be reported")
-    if "next_token_swap" in kinds and state.expected_tokens is None:
-        raise ValueError("kv canary perturbation next_token_swap needs the token check (kv_canary_token_check on): "
-                         "without the expected-token table a swapped token cannot be reported")
+    if "next_token_swap" in kinds and state.sampled_tokens is None:
+        raise ValueError("kv canary perturbation next_token_swap needs the token check (kv_canary_token_check on, "
+                         "and a model runner with a sample method): without the sampled-token table a swapped token "
+                         "cannot be reported")
     if settings.target_group == "swa" and real_kv and state.layout != "swa":
         raise ValueError(f"kv canary perturbation target group 'swa' needs an SWA pool; this pool is {state.layout}")
     if "req_to_token" in kinds or "real_kv_used" in kinds:
@@ -144,11 +145,12 @@ class Perturber:
         self._facts.submit(planned.device, lambda facts: self._log(planned, facts))
 
     def _log(self, planned: Planned, facts: dict[str, int]) -> None:
+        derived = tuple((name, table[facts.pop(key)]) for name, key, table in planned.derived)
         injection = Injection(
             step=planned.step, kind=planned.kind, group=planned.group, half=planned.half,
             slot=facts.get("slot", planned.slot), position=planned.position, req=facts.get("req", planned.req),
             applied=bool(facts.get("applied", 1)),
-            extra=planned.extra + tuple((k, v) for k, v in facts.items() if k not in _CORE_FACTS),
+            extra=planned.extra + derived + tuple((k, v) for k, v in facts.items() if k not in _CORE_FACTS),
         )
         logger.warning("%s", injection.format())
         if len(self._drained) < _MAX_KEPT:
