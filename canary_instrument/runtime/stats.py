@@ -3,10 +3,12 @@
 The stats line, every ``kv_canary_stats_interval`` steps:
 
 ```
-kv_canary_stats= step=200 verified=81234 written=5120 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 sweep_pass_rows=1024
+kv_canary_stats= step=200 tokens_protected=2560 verified=81234 written=5120 pre_runs=200 post_runs=200 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 sweep_pass_rows=1024
 ```
 
-``verified``/``written``/``violations`` are the device counters as of that step's snapshot;
+``tokens_protected``/``verified``/``written``/``pre_runs``/``post_runs``/``violations`` are the
+device counters as of that step's snapshot (``tokens_protected``: tokens whose KV carries canary
+rows, i.e. rows written / rows per token);
 ``reasons`` counts the violation records read so far by reason (a record with several reasons
 counts once for each; records dropped by a full ring are in ``violations`` only); ``swept`` is
 the rows the idle-cache sweep verified, ``sweep_passes`` its completed passes over the cache and
@@ -31,7 +33,8 @@ logger = logging.getLogger("canary_instrument.runtime")
 
 PREFIX = "kv_canary_stats="
 _FIELD = re.compile(r"(\w+)=(\S+)")
-_INTS = ("step", "verified", "written", "violations", "swept", "sweep_passes", "sweep_pass_rows")
+_INTS = ("step", "tokens_protected", "verified", "written", "pre_runs", "post_runs", "violations", "swept",
+         "sweep_passes", "sweep_pass_rows")
 _REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
 
 
@@ -45,6 +48,9 @@ class StatsLine:
     swept: int = 0
     sweep_passes: int = 0
     sweep_pass_rows: int = 0
+    tokens_protected: int = 0
+    pre_runs: int = 0
+    post_runs: int = 0
 
     def reason_count(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
@@ -52,7 +58,8 @@ class StatsLine:
     def format(self) -> str:
         reasons = ",".join(f"{name}:{count}" for name, count in self.reasons) or "-"
         return (
-            f"{PREFIX} step={self.step} verified={self.verified} written={self.written} "
+            f"{PREFIX} step={self.step} tokens_protected={self.tokens_protected} verified={self.verified} "
+            f"written={self.written} pre_runs={self.pre_runs} post_runs={self.post_runs} "
             f"violations={self.violations} reasons={reasons} swept={self.swept} sweep_passes={self.sweep_passes} "
             f"sweep_pass_rows={self.sweep_pass_rows}"
         )
@@ -101,19 +108,28 @@ class EnableWarner:
             raise ValueError(f"kv canary: the enable warning needs after_forwards >= 1; got {after_forwards}")
         self.after_forwards = after_forwards
         self.warned: Optional[str] = None
+        self.settled = False  # kernels were seen running after enough steps: nothing left to warn about
+
+    @property
+    def done(self) -> bool:
+        """True once ``observe`` can no longer warn (the manager then stops calling it)."""
+        return self.warned is not None or self.settled
 
     def observe(self, *, forwards: int, init_finished: bool, steps: int = 0, planned: int = 0,
                 pre_runs: int = 0, post_runs: int = 0) -> Optional[str]:
         """Call after each forward the manager sees (``forwards`` counts them since install, warm-up included;
         ``steps``/``planned``/runs are as of the last snapshot read). Returns the warning when it is given."""
-        if self.warned is not None or forwards < self.after_forwards:
+        if self.done or forwards < self.after_forwards:
             return None
         if not init_finished:
             message = (
                 f"kv canary is enabled but mark_init_finished() was not called after {forwards} forwards: canary "
                 "passes stay disabled until it is (is the init-finished hook wired? run `canary-instrument check`)"
             )
-        elif steps >= self.after_forwards and pre_runs == 0 and post_runs == 0:
+        elif steps >= self.after_forwards and (pre_runs or post_runs):
+            self.settled = True
+            return None
+        elif steps >= self.after_forwards:
             message = (
                 f"kv canary is enabled but no canary kernel ran in {steps} steps since init ({planned} sub-forwards "
                 "planned): every batch was idle or planned nothing, so the KV cache is not being checked"

@@ -51,6 +51,9 @@ def instrumented(layout: str = "mha", init_finished: bool = True, device: str = 
     engine = engine_class()(**args)
     runner = engine.model_runner
     runner.canary_manager = install_canary(server_args=engine.server_args, model_runner=runner)
+    # Installed after the scheduler was built: hand the cache over as the scheduler does on a wired engine.
+    if runner.canary_manager is not None:
+        runner.canary_manager.attach_radix_cache(engine.scheduler.tree_cache)
     hooks = Hooks()
     original = runner.forward
 

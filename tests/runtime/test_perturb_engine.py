@@ -2,7 +2,8 @@
 each applied injection is reported, and nothing is reported that no injection explains.
 
 This is the CPU twin of the GPU soak: real pools, a real radix cache (prefix sharing, follow-up
-turns, chunked prefill, eviction, the SWA window), the hooks where the manager will call them.
+turns, chunked prefill, eviction, the SWA window), perturbations and the sweep switched on by
+settings and run by the manager at its hook points.
 """
 
 import logging
@@ -11,30 +12,25 @@ import random
 import pytest
 
 from canary_instrument.demo.workload import Workload
-from canary_instrument.runtime.perturb import PerturbSettings, score
+from canary_instrument.runtime.perturb import score
 from canary_instrument.runtime.perturb.audit import audit
-from canary_instrument.runtime.perturb.perturber import ManagerView, Perturber
-from canary_instrument.runtime.sweep import Sweeper
 
 from .refsgl_harness import instrumented
 
+# Every kind at rate 0.1 from step 6, the way a user switches them on (upstream's variable names).
+ALL_KINDS = {"SGLANG_KV_CANARY_PERTURB": "all=0.1", "SGLANG_KV_CANARY_PERTURB_SEED": "11",
+             "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "5", "KV_CANARY_SWEEP_SLOTS": "64"}
 
-def perturbed(layout, settings, sweep_interval=1, sweep_slots=64, device="cpu"):
+
+def perturbed(layout, monkeypatch, environ=ALL_KINDS, sweep_interval=1, device="cpu"):
+    """The engine with perturbations and the sweep switched on by settings; the manager runs both."""
+    for var, value in environ.items():
+        monkeypatch.setenv(var, value)
     harness = instrumented(layout, device=device, max_total_tokens=768, max_context_len=256, chunked_prefill_size=48,
-                           sliding_window_size=16)
+                           sliding_window_size=16, kv_canary_sweep_interval=sweep_interval)
     manager = harness.manager
-    perturber = Perturber(settings, manager.state)
-    sweeper = Sweeper(manager.state, interval=sweep_interval, slots_per_sweep=sweep_slots)
-
-    def view(offset):
-        return ManagerView(step=manager.step + offset, radix_cache=harness.tree_cache)
-
-    # Inside the step's outside-graph context the step is not counted yet: its forward carries step + 1.
-    harness.hooks.before_forward.append(lambda fb: perturber.before_forward(view(1), fb))
-    harness.hooks.after_forward.append(lambda fb: perturber.after_forward(view(1), fb))
-    harness.hooks.step_end.append(lambda: perturber.at_step_end(view(0)))
-    harness.hooks.step_end.append(lambda: sweeper.maybe_sweep(manager.step, harness.tree_cache))
-    return harness, perturber, sweeper
+    assert manager.perturber is not None and manager.sweeper is not None
+    return harness, manager.perturber, manager.sweeper
 
 
 def serve(harness, steps, seed):
@@ -56,18 +52,10 @@ def drain_cache(harness, sweeper, extra_steps):
         extra_steps -= 1
 
 
-# MLA (one canary group, the latent row) adds little over MHA here and runs with the slow tests.
-ALL_KINDS = PerturbSettings(
-    rates=(("req_to_token", 0.1), ("real_kv_used", 0.1), ("real_kv_unused_cache", 0.1),
-           ("real_kv_post_forward", 0.1), ("next_token_swap", 0.1)),
-    seed=11, warmup_steps=5,
-)
-
-
-def check_soak(layout, device, steps=70):
+def check_soak(layout, device, monkeypatch, steps=70):
     """Serve with every kind on, then score: everything applied is reported or provably unreadable."""
     logging.getLogger("canary_instrument.runtime").setLevel(logging.CRITICAL)  # the ERROR lines are scored here
-    harness, perturber, sweeper = perturbed(layout, ALL_KINDS, device=device)
+    harness, perturber, sweeper = perturbed(layout, monkeypatch, device=device)
     serve(harness, steps, seed=layout)
     drain_cache(harness, sweeper, extra_steps=400)
     violations = harness.manager.flush()
@@ -85,14 +73,14 @@ def check_soak(layout, device, steps=70):
 
 # MLA (one canary group, the latent row) adds little over MHA here and runs with the slow tests.
 @pytest.mark.parametrize("layout", ["mha", pytest.param("mla", marks=pytest.mark.slow), "swa"])
-def test_every_applied_injection_is_reported_and_nothing_else(layout, request):
+def test_every_applied_injection_is_reported_and_nothing_else(layout, request, monkeypatch):
     if "slow" in request.keywords and "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("runs with the slow tests: select them with -m slow")
-    check_soak(layout, "cpu")
+    check_soak(layout, "cpu", monkeypatch)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
-def test_every_applied_injection_is_reported_on_the_gpu(layout):
+def test_every_applied_injection_is_reported_on_the_gpu(layout, monkeypatch):
     # The same run with the engine and the canary on CUDA: compiled per-forward and sweep kernels.
-    print(f"\n{layout} on cuda:\n{check_soak(layout, 'cuda').format()}")
+    print(f"\n{layout} on cuda:\n{check_soak(layout, 'cuda', monkeypatch).format()}")

@@ -176,7 +176,7 @@ def test_next_token_swap_of_equal_tokens_is_logged_as_not_applied():
     [injection] = pert.drain()
     assert not injection.applied and fb.input_ids.tolist() == [5, 5, 5]
     assert score([injection], []).not_applied == 1
-    extend = forward_batch(scenario("mha"))  # and it only swaps decode tokens
+    extend = forward_batch(scenario("mha"))  # and it swaps only the next tokens of decode (and verify) batches
     pert.before_forward(ManagerView(step=1), extend)
     assert pert.drain() == []
 

@@ -1,10 +1,11 @@
-"""``next_token_swap``: two requests of a decode batch exchange their next input tokens.
+"""``next_token_swap``: two requests of a decode (or target-verify) batch exchange their next input tokens.
 
 Models a sampler or scheduler bug that hands a request another request's token. The KV of both
 positions is computed from the wrong token and the canary rows written for them carry it, so the
 sampled-token check (the token the sampler produced for each request's row) reports ``token`` at
 both positions in that forward's post-forward pass, and the rows carry the wrong token wherever
-they are read later. The tokens are device values: the host picks one request and a random order
+they are read later (in a target verify, the first token of each request: the EAGLE draft's
+comparison with the target's rows reports it). The tokens are device values: the host picks one request and a random order
 of the others, and the device swaps with the first request in that order whose token differs
 (none differs: nothing is swapped and the injection is logged ``applied=0``). It cannot be
 undone: the KV has been computed.
@@ -26,25 +27,29 @@ class NextTokenSwap:
         import torch
 
         facts = batch_facts(forward_batch)
-        if facts is None or facts.mode != "decode" or facts.size < 2:
+        if facts is None or facts.mode not in ("decode", "verify") or facts.size < 2:
             return None
         i = ctx.rng.randrange(facts.size)
         order = [r for r in range(facts.size) if r != i]
         ctx.rng.shuffle(order)
+        first = [sum(facts.new[:r]) for r in range(facts.size)]  # each request's first new token in the batch
         ids = forward_batch.input_ids
-        candidates = host_to_device(order, ids.device)
-        token_i = ids[i : i + 1].clone()
-        differs = ids.index_select(0, candidates) != token_i
+        rows = host_to_device(order, ids.device)
+        tokens = host_to_device([first[r] for r in order], ids.device)
+        at_i = first[i]
+        token_i = ids[at_i : at_i + 1].clone()
+        differs = ids.index_select(0, tokens) != token_i
         # The first differing candidate (argmax finds the first maximum); when none differs, j is a
         # candidate with the same token and the swap below changes nothing.
-        j = candidates.index_select(0, differs.to(torch.int8).argmax().reshape(1))
-        token_j = ids.index_select(0, j)
-        ids[i : i + 1].copy_(token_j)
-        ids.index_copy_(0, j, token_i)
+        pick = differs.to(torch.int8).argmax().reshape(1)
+        j, at_j = rows.index_select(0, pick), tokens.index_select(0, pick)
+        token_j = ids.index_select(0, at_j)
+        ids[at_i : at_i + 1].copy_(token_j)
+        ids.index_copy_(0, at_j, token_i)
         rpi, slots = forward_batch.req_pool_indices, forward_batch.out_cache_loc
         device = {
             "req": rpi[i : i + 1].to(torch.int64), "other_req": rpi.index_select(0, j).to(torch.int64),
-            "slot": slots[i : i + 1].to(torch.int64), "other_slot": slots.index_select(0, j).to(torch.int64),
+            "slot": slots[at_i : at_i + 1].to(torch.int64), "other_slot": slots.index_select(0, at_j).to(torch.int64),
             "applied": token_i != token_j, "other_row": j, "token": token_i, "other_token": token_j,
         }
         mapping = ctx.state.swa_mapping

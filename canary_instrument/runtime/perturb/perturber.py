@@ -110,6 +110,14 @@ class Perturber:
         self._restore()
         self._run("step_end", view.step, cache=getattr(view, "radix_cache", None))
 
+    def restore(self) -> None:
+        """Undo what the before-forward kinds corrupted (the manager calls it when a forward failed)."""
+        self._restore()
+
+    def poll(self, wait: bool = False) -> None:
+        """Log the injections whose device facts have arrived (``wait``: all of them; the manager's flush)."""
+        self._facts.poll(wait=wait)
+
     def drain(self) -> list[Injection]:
         """Wait for every pending injection's device facts, log them; return the injections logged since the
         last ``drain`` (for tests and soak scoring; the log lines are the product)."""

@@ -4,7 +4,8 @@
   before the forward, so its pre-forward pass reports ``fingerprint``; restored after the
   forward, so the damage stays with the forward that read it.
 - ``real_kv_post_forward``: a slot this forward just wrote, after its post-forward pass stored
-  the fingerprint (a corrupted transfer or a late overwrite). Whoever reads the slot next reports
+  the fingerprint (a corrupted transfer or a late overwrite); in a target verify, a request's first
+  position (the draft guesses after it may be rejected). Whoever reads the slot next reports
   it: the request's next forward, the idle-cache sweep, or a request reusing the prefix.
 - ``real_kv_unused_cache``: a slot the prefix cache holds while no request locks it. Only the
   idle-cache sweep, or a request reusing the prefix, can find it.
@@ -89,8 +90,14 @@ class RealKvPostForward:
         group = pick_group(ctx)
         if not facts or not facts.tokens or group is None:
             return None
-        token = ctx.rng.randrange(facts.tokens)
-        r, position = facts.token_owner(token)
+        if facts.mode == "verify":
+            # Only a request's first verified position is sure to be kept: the draft guesses after it may be
+            # rejected and freed, and a flip there is never read.
+            r = ctx.rng.randrange(facts.size)
+            token, position = sum(facts.new[:r]), facts.prefix[r]
+        else:
+            token = ctx.rng.randrange(facts.tokens)
+            r, position = facts.token_owner(token)
         full_slot = forward_batch.out_cache_loc[token : token + 1].to(torch.int64)
         req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
         return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=False)
