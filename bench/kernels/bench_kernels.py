@@ -373,7 +373,7 @@ SWEEP_EDGE = 64  # slots per radix node (sglang's nodes hold one edge of the tre
 
 
 def sweep_cost(results, reqs=64, ctx=1025, slices=SWEEP_SLICES, make_ops=TritonSweepOps):
-    """Cost of one idle-cache sweep step: the host's walk and staging of a slice, the kernel that verifies it,
+    """Cost of one idle-cache sweep step: the host's walk and upload of a slice, the kernel that verifies it,
     and the whole step as the runtime runs it (walk, one pinned upload, device gather, launch), per slice size.
     The cache holds reqs x (ctx - 1) positions (default 65,536), rows written and fingerprinted."""
     out = []

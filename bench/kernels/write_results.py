@@ -122,7 +122,7 @@ def main(path: str) -> None:
             "",
             f"A prefix cache of 65,536 positions (64 paths of {sweeps[0]['edge']}-slot nodes with device-resident"
             " values, as sglang keeps them), rows written and fingerprinted; SWA window 256. Per sweep step:"
-            " host = the walk of one slice plus its staging (one pinned upload, a device gather of the node"
+            " host = the walk of one slice plus its upload (one pinned copy, a device gather of the node"
             " values), measured on the host without waiting for the device; kernel = the sweep kernel alone"
             " (CUDA-graph replay); step = everything a sweep step does, as `Sweeper.maybe_sweep` runs it,"
             " wall time including the device. A sweep runs every `kv_canary_sweep_interval` steps, so its"

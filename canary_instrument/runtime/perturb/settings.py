@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-# One per perturbation kind, in the order they are documented (docs/runtime-production.md).
+# One per perturbation kind, in the order they are documented (docs/runtime.md, section 13).
 KINDS = ("req_to_token", "real_kv_used", "real_kv_unused_cache", "real_kv_post_forward", "next_token_swap")
 TARGET_GROUPS = ("any", "full", "swa")
 OFF = ("", "off", "none", "0")
