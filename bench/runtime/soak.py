@@ -140,6 +140,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="steps before the first perturbation")
     parser.add_argument("--sweep-interval", type=int, default=4)
     parser.add_argument("--sweep-slots", type=int, default=256)
+    parser.add_argument("--readback-interval", type=int, default=1,
+                        help="kv_canary_readback_interval: a status snapshot every N steps (delays include the wait)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--name", default="soak")
@@ -152,7 +154,8 @@ def main(argv=None) -> int:
     engine_copy.instrument(root)
     module = engine_copy.import_engine(root)
 
-    common = {"KV_CANARY_SWEEP_SLOTS": str(args.sweep_slots), "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "100"}
+    common = {"KV_CANARY_SWEEP_SLOTS": str(args.sweep_slots), "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "100",
+              "KV_CANARY_READBACK_INTERVAL": str(args.readback_interval)}
     perturbed_env = {**common, "SGLANG_KV_CANARY_PERTURB": f"all={args.rate}",
                      "SGLANG_KV_CANARY_PERTURB_SEED": str(args.seed),
                      "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": str(args.warmup)}
@@ -172,13 +175,15 @@ def main(argv=None) -> int:
               f"violations in {clean['steps']} steps", flush=True)
         print(perturbed["score_table"], flush=True)
     report = {
-        "command": " ".join(["python"] + [str(a) for a in (sys.argv if argv is None else ["bench/runtime/soak.py", *argv])]),
+        "command": " ".join(
+            ["python"] + [str(a) for a in (sys.argv if argv is None else ["bench/runtime/soak.py", *argv])]
+        ),
         "device": device_name(),
         "torch": torch.__version__,
         "cuda_graphs": torch.cuda.is_available(),
         "engine": dict(matrix.ENGINE_DEFAULTS),
         "settings": {"rate": args.rate, "warmup": args.warmup, "sweep_interval": args.sweep_interval,
-                     "sweep_slots": args.sweep_slots, "seed": args.seed},
+                     "sweep_slots": args.sweep_slots, "readback_interval": args.readback_interval, "seed": args.seed},
         "seconds": round(time.perf_counter() - started, 1),
         "ok": ok,
         "layouts": layouts,
@@ -195,7 +200,9 @@ def render_markdown(report: dict) -> str:
         f"Command: `{report['command']}`  ",
         f"torch {report['torch']}, CUDA graphs {'on' if report['cuda_graphs'] else 'off'}, "
         f"every kind at rate {report['settings']['rate']} from step {report['settings']['warmup'] + 1}, "
-        f"sweep every {report['settings']['sweep_interval']} steps ({report['settings']['sweep_slots']} slots a slice), "
+        f"sweep every {report['settings']['sweep_interval']} steps "
+        f"({report['settings']['sweep_slots']} slots a slice), "
+        f"a status snapshot every {report['settings']['readback_interval']} steps, "
         f"{report['seconds']} s, result: {'pass' if report['ok'] else 'FAIL'}.",
         "",
         "Scored from the run's log: each `kv_canary_perturb=` line against the `kv_canary violation` lines. "

@@ -69,3 +69,34 @@ def test_a_perturbation_is_undone_when_the_forward_fails(monkeypatch):
         engine.step()
     [injection] = [i for i in perturber.drain() if i.step == harness.manager.step + 1]
     assert injection.applied and int(table[injection.req, injection.position]) == injection.slot
+
+
+def test_with_a_readback_interval_stats_steps_force_a_snapshot_and_the_line_carries_that_steps_sweep(
+    monkeypatch, canary_log
+):
+    """kv_canary_readback_interval=5 with stats every 3 steps: a snapshot on steps 5, 10, ... and on every stats
+    step, so each stats line is that step's (device counters and sweep progress), and the enable warning settles
+    from the sparse snapshots without a word."""
+    monkeypatch.setenv("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "3")
+    monkeypatch.setenv("KV_CANARY_READBACK_INTERVAL", "5")
+    monkeypatch.setenv("KV_CANARY_SWEEP_SLOTS", "4")  # a few rows per slice: passes span several steps
+    harness = instrumented("mha", kv_canary_sweep_interval=1)
+    manager, engine = harness.manager, harness.engine
+    taken, take = [], manager._readback.take
+    monkeypatch.setattr(manager._readback, "take", lambda tag: taken.append(tag) or take(tag))
+    engine.generate([[5, 6, 7, 8, 9, 10, 11, 12]], max_new_tokens=4)  # leaves a cached prefix to sweep
+    engine.generate([[1, 2, 3], [1, 2, 3, 4, 5, 6]], max_new_tokens=30)
+    steps = manager.step
+    assert steps >= 33
+    assert [t.step for t in taken] == [s for s in range(1, steps + 1) if s % 5 == 0 or s % 3 == 0]
+    assert all(t.sweep_progress is not None for t in taken if t.step % 3 == 0)
+    lines = StatsLine.find_all(canary_log.text)
+    due = [s for s in range(3, steps, 3)]  # the last due step's snapshot may still be on its way
+    assert [line.step for line in lines][: len(due)] == due
+    by_step = {t.step: t.sweep_progress for t in taken}
+    for line in lines:
+        assert (line.sweep_passes, line.sweep_pass_rows) == by_step[line.step]
+        assert line.pre_runs == line.post_runs == line.step and line.violations == 0
+    assert lines[-1].swept > 0 and max(line.sweep_passes for line in lines) >= 1
+    assert manager._enable_warner is None  # settled: kernels were seen running
+    assert [r for r in canary_log.records if r.levelname in ("WARNING", "ERROR")] == []
