@@ -380,7 +380,7 @@ def sweep_cost(results, reqs=64, ctx=1025, slices=SWEEP_SLICES, make_ops=TritonS
     for layout in ("mha", "swa"):
         for realkv in ("none", "partial"):
             state, _, _ = build(layout, realkv, reqs, ctx, window=256)
-            cache = cached_paths(state.req_to_token[:, : ctx - 1], SWEEP_EDGE)
+            cache = cached_paths(state.req_to_token[1:, : ctx - 1], SWEEP_EDGE)  # row 0: the padding row
             for rows in slices:
                 sweeper = Sweeper(state, interval=1, slots_per_sweep=rows, ops=make_ops())
                 cursor = RadixCursor(cache)
