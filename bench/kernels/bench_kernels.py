@@ -41,6 +41,9 @@ from canary_instrument.runtime.state import (
     CanaryState,
     PlanInputs,
 )
+from canary_instrument.runtime.radix_walk import RadixCursor
+from canary_instrument.runtime.sweep import Sweeper
+from canary_instrument.runtime.sweep_triton import TritonSweepOps
 from canary_instrument.runtime.triton_ops import TritonCanaryOps
 
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B: 32 layers x 8 KV heads x 128 dim x 2 (K, V) x 2 bytes
@@ -337,6 +340,76 @@ def scaling(copy_bw, results, realkv_modes, config):
     results["scaling"] = out
 
 
+class _Node:
+    """A radix-tree node shaped like sglang's: children by first token, slots in a device tensor."""
+
+    def __init__(self, value=None):
+        self.children = {}
+        self.value = value
+        self.lock_ref = 0
+
+
+class _Cache:
+    def __init__(self, root):
+        self.root_node = root
+
+
+def cached_paths(r2t, edge):
+    """A prefix cache holding every request's positions as a chain of ``edge``-slot nodes (device values)."""
+    root = _Node([])
+    root.lock_ref = 1
+    reqs, ctx = r2t.shape
+    for r in range(reqs):
+        node = root
+        for start in range(0, ctx, edge):
+            child = _Node(r2t[r, start : start + edge].to(torch.int64))
+            node.children[(r, start)] = child
+            node = child
+    return _Cache(root)
+
+
+SWEEP_SLICES = (1024, 4096, 16384, 65536)
+SWEEP_EDGE = 64  # slots per radix node (sglang's nodes hold one edge of the tree each)
+
+
+def sweep_cost(results, reqs=64, ctx=1025, slices=SWEEP_SLICES, make_ops=TritonSweepOps):
+    """Cost of one idle-cache sweep step: the host's walk and upload of a slice, the kernel that verifies it,
+    and the whole step as the runtime runs it (walk, one pinned upload, device gather, launch), per slice size.
+    The cache holds reqs x (ctx - 1) positions (default 65,536), rows written and fingerprinted."""
+    out = []
+    for layout in ("mha", "swa"):
+        for realkv in ("none", "partial"):
+            state, _, _ = build(layout, realkv, reqs, ctx, window=256)
+            cache = cached_paths(state.req_to_token[1:, : ctx - 1], SWEEP_EDGE)  # row 0: the padding row
+            for rows in slices:
+                sweeper = Sweeper(state, interval=1, slots_per_sweep=rows, ops=make_ops())
+                cursor = RadixCursor(cache)
+                host = []
+                for _ in range(30):
+                    start = time.perf_counter()
+                    sweeper.send(cursor.next_slice(rows))
+                    host.append(time.perf_counter() - start)
+                    torch.cuda.synchronize()  # host time only above; do not let uploads pile up
+                sweeper.send(RadixCursor(cache).next_slice(rows))
+                kernel_ms = bench_graph(lambda: sweeper.ops.sweep(state, sweeper.buffers))
+                step = [0]
+
+                def one_step():
+                    step[0] += 1
+                    sweeper.maybe_sweep(step[0], cache)
+
+                step_ms = do_bench(one_step, warmup=5, rep=100, return_mode="median")
+                host_us = sorted(host)[len(host) // 2] * 1e6
+                row = dict(layout=layout, realkv=realkv, rows=rows, edge=SWEEP_EDGE, host_us=host_us,
+                           kernel_us=kernel_ms * 1e3, step_us=step_ms * 1e3,
+                           rows_per_us=rows / (kernel_ms * 1e3), violations=int(state.ring_count[0]))
+                log("sweep", row)
+                out.append(row)
+                reset(state)
+            torch.cuda.empty_cache()
+    results["sweep"] = out
+
+
 def plot(results, path):
     import matplotlib
 
@@ -362,7 +435,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling"])
+    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -375,8 +448,9 @@ def main():
         results["seconds"] = time.time() - start
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
-    verify_config, config = tune(results, copy_bw)
-    save()
+    if set(args.only) & {"verify", "write", "reference", "scaling"}:
+        verify_config, config = tune(results, copy_bw)
+        save()
     if "write" in args.only:
         write_vs_serial(results, config["none"])
         save()
@@ -388,6 +462,9 @@ def main():
         save()
     if "reference" in args.only:
         vs_reference(results, config)
+        save()
+    if "sweep" in args.only:
+        sweep_cost(results)
         save()
     if "scaling" in results:
         plot(results, args.out / "scaling.png")

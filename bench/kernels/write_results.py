@@ -115,6 +115,26 @@ def main(path: str) -> None:
                     f"{s['percent']:.3f} %", s["violations"], verdict(s["percent"] <= 0.5)) for s in r["scaling"]]),
             "",
         ]
+    if "sweep" in r:
+        sweeps = r["sweep"]
+        lines += [
+            "## Idle-cache sweep: cost of one sweep step",
+            "",
+            f"A prefix cache of 65,536 positions (64 paths of {sweeps[0]['edge']}-slot nodes with device-resident"
+            " values, as sglang keeps them), rows written and fingerprinted; SWA window 256. Per sweep step:"
+            " host = the walk of one slice plus its upload (one pinned copy, a device gather of the node"
+            " values), measured on the host without waiting for the device; kernel = the sweep kernel alone"
+            " (CUDA-graph replay); step = everything a sweep step does, as `Sweeper.maybe_sweep` runs it,"
+            " wall time including the device. A sweep runs every `kv_canary_sweep_interval` steps, so its"
+            " cost per serving step is the step time divided by the interval.",
+            "",
+            table(["layout", "realkv", "rows per sweep", "host (us)", "kernel (us)", "step (us)",
+                   "rows / us (kernel)", "step / 16 (us)", "violations"],
+                  [(w["layout"], w["realkv"], w["rows"], f"{w['host_us']:.1f}", f"{w['kernel_us']:.1f}",
+                    f"{w['step_us']:.1f}", f"{w['rows_per_us']:.0f}", f"{w['step_us'] / 16:.1f}", w["violations"])
+                   for w in sweeps]),
+            "",
+        ]
     print("\n".join(lines))
 
 

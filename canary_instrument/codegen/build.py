@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .render import GENERATOR, environment, render_spec
-from .specs import TEMPLATE, all_specs
+from .specs import FAMILIES, every_spec
 
 MANIFEST = "manifest.json"
 INIT = "__init__.py"
@@ -48,11 +48,11 @@ def expected_files(templates_dir, layouts=None) -> dict[str, str]:
     """File name -> exact content of every generated file (kernels, manifest, package init)."""
     templates_dir = Path(templates_dir)
     env = environment(templates_dir)
-    everything = [render_spec(env, templates_dir, spec, TEMPLATE) for spec in all_specs()]
-    chosen = {s.filename for s in all_specs(layouts)} if layouts else None
+    everything = [render_spec(env, templates_dir, spec, spec.template) for spec in every_spec()]
+    chosen = {s.filename for s in every_spec(layouts)} if layouts else None
     files = {r.spec.filename: r.text for r in everything if chosen is None or r.spec.filename in chosen}
     manifest = {
-        r.spec.filename: {"template": TEMPLATE, "axes": r.spec.axes, "template_sha256": r.template_sha,
+        r.spec.filename: {"template": r.spec.template, "axes": r.spec.axes, "template_sha256": r.template_sha,
                           "content_sha256": r.content_sha}
         for r in everything
     }
@@ -74,7 +74,7 @@ def render_kernels(templates_dir, out_dir, layouts=None, check: bool = False) ->
     for name, text in sorted(files.items()):
         (result.written if _write_if_different(out / name, text, check) else result.unchanged).append(name)
     if not layouts and out.is_dir():
-        for orphan in sorted(out.glob("canary_*.py")):
+        for orphan in sorted(p for family in FAMILIES for p in out.glob(f"{family}_*.py")):
             if orphan.name not in files:
                 result.removed.append(orphan.name)
                 if not check:

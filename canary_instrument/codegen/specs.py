@@ -1,7 +1,8 @@
-"""The kernel specialisation grid: one rendered file per (layout, v_half, realkv).
+"""The kernel specialisation grid: one rendered file per (family, layout, v_half, realkv).
 
-A specialisation is a dict of axis values; its file name spells every axis, so a listing of
-kernels/ is a table of what exists.
+A family is one template (the per-forward passes, the idle-cache sweep); a specialisation is a
+dict of axis values; its file name spells the family and every axis, so a listing of kernels/
+is a table of what exists.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from dataclasses import dataclass
 LAYOUTS = ("mha", "mla", "swa")
 REALKV_MODES = ("none", "partial", "all")
 TEMPLATE = "canary.py.jinja"
+# Kernel family -> its template. "canary": pre/post-forward passes; "sweep": idle-cache sweep.
+TEMPLATES = {"canary": TEMPLATE, "sweep": "sweep.py.jinja"}
+FAMILIES = tuple(TEMPLATES)
 PARTIAL_WORDS = 2  # 16 bytes of layer 0's row
 
 
@@ -30,14 +34,19 @@ class Spec:
     layout: str
     v_half: bool
     realkv: str
+    family: str = "canary"
 
     @property
     def axes(self) -> dict[str, str]:
         return {"layout": self.layout, "v_half": str(int(self.v_half)), "realkv": self.realkv}
 
     @property
+    def template(self) -> str:
+        return TEMPLATES[self.family]
+
+    @property
     def stem(self) -> str:
-        return "canary_" + "_".join(f"{k}_{v}" for k, v in self.axes.items())
+        return f"{self.family}_" + "_".join(f"{k}_{v}" for k, v in self.axes.items())
 
     @property
     def filename(self) -> str:
@@ -64,8 +73,10 @@ class Spec:
         }
 
 
-def all_specs(layouts: tuple[str, ...] | list[str] | None = None) -> list[Spec]:
-    """Every specialisation, optionally only those of ``layouts``; MLA has no V half."""
+def all_specs(layouts: tuple[str, ...] | list[str] | None = None, family: str = "canary") -> list[Spec]:
+    """Every specialisation of one kernel family, optionally only those of ``layouts``; MLA has no V half."""
+    if family not in TEMPLATES:
+        raise ValueError(f"unknown kernel family {family!r}; known families: {', '.join(FAMILIES)}")
     chosen = LAYOUTS if not layouts else tuple(layouts)
     unknown = [x for x in chosen if x not in LAYOUTS]
     if unknown:
@@ -74,16 +85,23 @@ def all_specs(layouts: tuple[str, ...] | list[str] | None = None) -> list[Spec]:
     for layout in chosen:
         for v_half in ((False,) if layout == "mla" else (False, True)):
             for realkv in REALKV_MODES:
-                specs.append(Spec(layout, v_half, realkv))
+                specs.append(Spec(layout, v_half, realkv, family))
     return specs
 
 
-def spec_for(layout: str, v_half: bool, realkv: str) -> Spec:
+def every_spec(layouts: tuple[str, ...] | list[str] | None = None) -> list[Spec]:
+    """The specialisations of every family: what ``build-kernels`` renders."""
+    return [spec for family in FAMILIES for spec in all_specs(layouts, family)]
+
+
+def spec_for(layout: str, v_half: bool, realkv: str, family: str = "canary") -> Spec:
     """The specialisation for a runtime pool; raises ValueError naming the bad axis."""
+    if family not in TEMPLATES:
+        raise ValueError(f"family={family!r} is not one of {', '.join(FAMILIES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
     if realkv not in REALKV_MODES:
         raise ValueError(f"realkv={realkv!r} is not one of {', '.join(REALKV_MODES)}")
     if layout == "mla" and v_half:
         raise ValueError("layout='mla' has no V half (the latent row is the only half)")
-    return Spec(layout, bool(v_half), realkv)
+    return Spec(layout, bool(v_half), realkv, family)

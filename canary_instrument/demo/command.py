@@ -140,9 +140,10 @@ def _cell(trials) -> str:
 def _print_matrix(variants, results):
     click.secho("\n3. Fault matrix: steps from the corruption to its report, with the reason "
                 "(+ = other trials saw another expected reason)", bold=True)
-    click.echo("   A corruption made after step N is first read by step N+1's forward (+1). A token swap is made while\n"
-               "   a step's batch is built and is caught in that step (+0). A draft offset is caught when the draft's\n"
-               "   rows are next compared with the target's, i.e. by the draft's forwards of the next step (+1) or later.")
+    click.echo("   Most faults are the runtime's own self-test perturbations (kv_canary_perturb), armed once. One made\n"
+               "   before a step's forward is caught by that forward (+0); a bit flipped after a forward wrote it, by the\n"
+               "   next read (+1 or later); a bit flipped in an idle cached prefix, by the idle-cache sweep (every 2 steps).\n"
+               "   A draft offset is caught when the draft's rows are next compared with the target's (+1 or later).")
     width = 16
     click.echo("   " + f"{'fault':<34}" + "".join(f"{v.label:<{width}}" for v in variants))
     for fault in FAULTS.values():

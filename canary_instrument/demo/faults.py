@@ -1,10 +1,13 @@
-"""Fault injectors: the KV-cache corruptions real bugs cause, applied to a running engine through its hooks.
+"""Fault injectors: the KV-cache corruptions real bugs cause, applied to a running engine.
 
-Each injector waits at one debug-hook point of the engine (`batch_built`,
-`draft_extend_batch`, `step_end`) until it finds a target, corrupts it once, and records
-what it did and which canary reasons must report it. An injector that finds nothing it
-could actually corrupt (say, two requests whose next tokens are equal) waits for the
-next opportunity instead of counting a no-op as a fault. The engine source is never edited.
+Most faults are the runtime's own self-test perturbations (``canary_instrument.runtime.perturb``,
+the kinds a user switches on in a deployment): the trial arms one on the target model runner's
+canary manager at rate 1 with a limit of one injection, and the manager runs it at its hook points.
+The faults the perturbations do not model (a slot freed while in use, an EAGLE draft offset, a
+corrupted SWA mapping) are injectors of their own that wait at one debug-hook point of the engine
+(`draft_extend_batch`, `step_end`). Either way a fault that found nothing it could actually corrupt
+(say, two requests whose next tokens are equal) waits for the next opportunity instead of counting
+a no-op as a fault. The engine source is never edited.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ import torch
 # Reason names as the runtime reports them (canary_instrument.runtime.state.REASON_NAMES).
 POSITION, LINK, FINGERPRINT, TOKEN, SWA_UNMAPPED = "position", "link", "fingerprint", "token", "swa_unmapped"
 
-PARTIAL_FINGERPRINT_BYTES = 16
-
 
 @dataclass(frozen=True)
 class Injection:
@@ -32,15 +33,19 @@ class Injection:
 class Fault:
     name: str
     title: str
-    point: str  # debug-hook point the injector waits at
-    inject: Callable[..., Optional[tuple[str, frozenset]]]
+    point: str  # debug-hook point the injector waits at; "manager" for a perturbation
+    inject: Optional[Callable[..., Optional[tuple[str, frozenset]]]] = None
     needs_eagle: bool = False
     needs_swa: bool = False
+    perturbation: Optional[str] = None  # a runtime perturbation kind (runtime/perturb), run by the manager
+    expected: frozenset = frozenset()  # the reasons that report a perturbation
 
     def applies(self, layout: str, eagle: bool) -> bool:
         return (eagle or not self.needs_eagle) and (layout == "swa" or not self.needs_swa)
 
-    def arm(self, engine: Any, rng: random.Random) -> "ArmedFault":
+    def arm(self, engine: Any, rng: random.Random):
+        if self.perturbation is not None:
+            return ArmedPerturbation(self, engine, rng)
         return ArmedFault(self, engine, rng)
 
 
@@ -65,10 +70,57 @@ class ArmedFault:
             self.injection = Injection(step, description, frozenset(expected))
             self.disarm()
 
+    def poll(self):
+        """Nothing to collect: the hook records the injection as it happens."""
+
     def disarm(self):
         if self._remove is not None:
             self._remove()
             self._remove = None
+
+
+class ArmedPerturbation:
+    """One pending perturbation of the target's canary manager: rate 1, at most one injection, no warm-up.
+
+    ``poll()`` after each step collects the injection (its line is complete once the step's flush
+    read its device facts); one that changed nothing (``applied=0``) re-arms the perturbation."""
+
+    def __init__(self, fault: Fault, engine: Any, rng: random.Random):
+        from canary_instrument.runtime.perturb import PerturbSettings
+
+        self.fault = fault
+        self.engine = engine
+        self.manager = engine.model_runner.canary_manager
+        if self.manager is None:
+            raise RuntimeError("perturbation faults need the target model runner's canary manager (kv_canary on)")
+        self.settings = PerturbSettings(rates=((fault.perturbation, 1.0),), seed=rng.randrange(1 << 30),
+                                        warmup_steps=0)
+        self.injection: Optional[Injection] = None
+        self.perturbed = None  # the runtime's own record of it (``perturb.Injection``)
+        self._arm()
+
+    def _arm(self):
+        from canary_instrument.runtime.perturb.perturber import Perturber
+
+        self.manager.perturber = Perturber(self.settings, self.manager.state, limit=1)
+
+    def poll(self):
+        perturber = self.manager.perturber
+        if self.injection is not None or perturber is None:
+            return
+        for done in perturber.drain():
+            if not done.applied:
+                self._arm()  # it found nothing to change (equal tokens, an SWA slot out of the window)
+                continue
+            self.perturbed = done
+            # It happened during the step just run (before or after its forward, or at its end).
+            self.injection = Injection(self.engine.scheduler.forward_ct, done.format(), self.fault.expected)
+            self.disarm()
+
+    def disarm(self):
+        if self.manager.perturber is not None:
+            self.manager.perturber.restore()
+            self.manager.perturber = None
 
 
 # ---------------------------------------------------------------------- helpers
@@ -93,70 +145,7 @@ def _window_start(engine, req) -> int:
     return max(0, req.cached_len - engine.scheduler.sliding_window)
 
 
-def _layer0_rows(pool, group: str) -> list[tuple[str, torch.Tensor]]:
-    """(name, layer-0 buffer) of each fingerprinted half in `group` ("full" or "swa") of a pool."""
-    if hasattr(pool, "full_kv_pool"):
-        pool = pool.full_kv_pool if group == "full" else pool.swa_kv_pool
-    if hasattr(pool, "kv_buffer"):
-        return [("latent", pool.kv_buffer[0])]
-    return [("k", pool.k_buffer[0]), ("v", pool.v_buffer[0])]
-
-
-def _flip_bit(buffer: torch.Tensor, slot: int, byte_limit: Optional[int], rng: random.Random) -> tuple[int, int]:
-    row = buffer[slot].reshape(-1).view(torch.uint8)
-    limit = row.numel() if byte_limit is None else min(byte_limit, row.numel())
-    byte, bit = rng.randrange(limit), rng.randrange(8)
-    row[byte] ^= 1 << bit
-    return byte, bit
-
-
-def _byte_limit(engine) -> Optional[int]:
-    return PARTIAL_FINGERPRINT_BYTES if engine.server_args.kv_canary_real_kv == "partial" else None
-
-
-def _corrupt_kv(engine, rng, pick_position: Callable) -> Optional[tuple[str, frozenset]]:
-    """Flip one fingerprinted bit in a cached position of a running request, in some runner's pool."""
-    reqs = _candidates(engine)
-    if not reqs:
-        return None
-    req = rng.choice(reqs)
-    position = pick_position(req)
-    runner = rng.choice(engine.model_runners)
-    pool = runner.token_to_kv_pool
-    slot = _slot(engine, req, position)
-    group = "full"
-    if hasattr(pool, "full_kv_pool") and rng.random() < 0.5 and position >= _window_start(engine, req):
-        group, slot = "swa", int(pool.full_to_swa_index_mapping[slot])
-    name, buffer = rng.choice(_layer0_rows(pool, group))
-    byte, bit = _flip_bit(buffer, slot, _byte_limit(engine), rng)
-    where = "draft" if runner.is_draft_worker else "target"
-    return (
-        f"{where} {group} {name} slot {slot} (req {req.rid} position {position}): byte {byte} bit {bit} flipped",
-        {FINGERPRINT},
-    )
-
-
 # ---------------------------------------------------------------------- injectors
-
-
-def remap_req_to_token(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
-    """req_to_token[r, p] now names a slot of another request at another position."""
-    reqs = _candidates(engine, 2)
-    if len(reqs) < 2:
-        return None
-    victim = rng.choice(reqs)
-    other = rng.choice([r for r in reqs if r is not victim])
-    position = rng.randrange(victim.cached_len)
-    choices = [q for q in range(other.cached_len) if q != position]
-    if not choices:
-        return None
-    other_position = rng.choice(choices)
-    old, new = _slot(engine, victim, position), _slot(engine, other, other_position)
-    engine.scheduler.req_to_token_pool.req_to_token[victim.req_pool_idx, position] = new
-    return (
-        f"req {victim.rid} position {position}: slot {old} -> {new} (req {other.rid} position {other_position})",
-        {POSITION},
-    )
 
 
 def use_after_free(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
@@ -169,36 +158,6 @@ def use_after_free(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
     slot = _slot(engine, req, position)
     engine.scheduler.allocator.free(torch.tensor([slot], dtype=torch.int64, device=engine.scheduler.device))
     return f"req {req.rid} position {position}: slot {slot} freed while in use", {POSITION, LINK}
-
-
-def realkv_flip(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
-    """A bit of real KV flips in a slot some request still reads (memory corruption, a stray write)."""
-    return _corrupt_kv(engine, rng, lambda req: rng.randrange(req.cached_len))
-
-
-def kv_flip_after_write(engine, rng, batch=None, **_) -> Optional[tuple[str, frozenset]]:
-    """A bit flips in KV the last forward just wrote (a corrupted transfer, e.g. prefill -> decode)."""
-    written = {id(r) for r in batch.reqs} if batch is not None else set()
-    reqs = [r for r in _candidates(engine) if id(r) in written]
-    if not reqs:
-        return None
-    return _corrupt_kv(engine, rng, lambda req: req.cached_len - 1)
-
-
-def token_swap(engine, rng, forward_batch=None, **_) -> Optional[tuple[str, frozenset]]:
-    """Two requests' next input tokens are exchanged while the batch is assembled."""
-    mode = forward_batch.forward_mode
-    if not (mode.is_decode() or mode.is_target_verify()):
-        return None
-    stride = forward_batch.num_tokens_per_req or 1
-    firsts = forward_batch.input_ids[::stride].tolist()
-    pairs = [(i, j) for i in range(len(firsts)) for j in range(i + 1, len(firsts)) if firsts[i] != firsts[j]]
-    if not pairs:
-        return None
-    i, j = rng.choice(pairs)
-    ids = forward_batch.input_ids
-    ids[i * stride], ids[j * stride] = firsts[j], firsts[i]
-    return f"batch rows {i} and {j}: next tokens {firsts[i]} and {firsts[j]} swapped", {TOKEN}
 
 
 def eagle_offset(engine, rng, forward_batch=None, batch=None, **_) -> Optional[tuple[str, frozenset]]:
@@ -254,14 +213,19 @@ def swa_mapping(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
     )
 
 
+def _perturbation(name: str, title: str, kind: str, expected: set) -> Fault:
+    return Fault(name, title, "manager", perturbation=kind, expected=frozenset(expected))
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
-        Fault("remap", "req_to_token entry remapped", "step_end", remap_req_to_token),
+        _perturbation("remap", "req_to_token entry remapped", "req_to_token", {POSITION, LINK, SWA_UNMAPPED}),
         Fault("use_after_free", "slot freed while in use, reused", "step_end", use_after_free),
-        Fault("realkv_flip", "real-KV bit flipped in use", "step_end", realkv_flip),
-        Fault("kv_flip_after_write", "KV bit flipped after write", "step_end", kv_flip_after_write),
-        Fault("token_swap", "two requests' tokens swapped", "batch_built", token_swap),
+        _perturbation("realkv_flip", "real-KV bit flipped in use", "real_kv_used", {FINGERPRINT}),
+        _perturbation("kv_flip_after_write", "KV bit flipped after write", "real_kv_post_forward", {FINGERPRINT}),
+        _perturbation("idle_cache_flip", "cached KV bit flipped while idle", "real_kv_unused_cache", {FINGERPRINT}),
+        _perturbation("token_swap", "two requests' tokens swapped", "next_token_swap", {TOKEN}),
         Fault("eagle_offset", "EAGLE draft position off by one", "draft_extend_batch", eagle_offset, needs_eagle=True),
         Fault("swa_mapping", "SWA mapping entry corrupted", "step_end", swa_mapping, needs_swa=True),
     )

@@ -1,7 +1,8 @@
 """Run an instrumented engine clean and under injected faults, and judge every trial.
 
 A trial starts from an idle engine with an empty cache, runs a random number of clean
-steps (any violation there is a false alarm), arms one fault, and steps until the canary
+steps (any violation there is a false alarm), arms one fault (most are the runtime's own
+perturbations, run by the target's canary manager), and steps until the canary
 reports a violation with one of the fault's expected reasons (caught) or a step budget
 runs out (missed). Engines are built once per variant and reset between trials.
 """
@@ -36,6 +37,8 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     cuda_graph_max_bs=8,
     kv_canary="log",
     kv_canary_real_kv="partial",
+    # The idle-cache sweep every other step: a flipped bit in a cached prefix is found before eviction reuses it.
+    kv_canary_sweep_interval=2,
 )
 
 LAYOUTS = ("mha", "mla", "swa")
@@ -129,6 +132,7 @@ class EngineBench:
         try:
             for _ in range(max_wait):
                 violations = self.step(workload)
+                armed.poll()
                 if armed.injection is None:
                     result.false_alarms.extend(violations)
                     continue

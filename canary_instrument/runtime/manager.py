@@ -7,15 +7,20 @@ One forward step runs four phases, enforced in order once init has finished:
 2. pre-ops maybe inside the graph (bracketed ``model.forward``, before the model): the plan is
    taken from the forward batch's own device tensors (``plan.py``), then verify + write.
 3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check).
-4. post-ops outside (``with_ops_outside_graph`` exit): count the step, read the snapshots whose
-   copies have completed (one step late, never waiting), start this step's snapshot copy.
+4. post-ops outside (``with_ops_outside_graph`` exit): count the step, run what is due at step
+   end (a perturbation of the idle cache, an idle-cache sweep slice, the SWA divergence counts),
+   read the snapshots whose copies have completed (one step late, never waiting), start this
+   step's snapshot copy.
 
 Before init has finished (warm-up, graph capture) the inside ops still launch, so capture
 records them, but the device enable flag is 0 and they do nothing; those forwards are not
-steps. ``mark_init_finished`` sets the flag once. A later extension (perturbations, an idle
-cache sweep, more stats) hooks in at ``SingleForwardManager.pre_ops_maybe_inside_graph`` /
-``post_ops_maybe_inside_graph`` (around the model) and ``CanaryManager._step_end`` (once per
-step, before the snapshot), and appends its device counters to ``STATUS``.
+steps. ``mark_init_finished`` sets the flag once.
+
+The production features hook in outside the graph: self-test perturbations (``perturb/``, target
+manager only) before the model forward (entering the outside context), after it (leaving it) and
+at step end; the idle-cache sweep (``sweep.py``) at step end over the radix cache handed over by
+``attach_radix_cache``; its counters live in ``STATUS``, so the step's one snapshot carries them.
+The stats line and the enable warning (``stats.py``) are fed from the snapshots already read.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from canary_instrument.runtime.plan import IDLE, forward_kind, plan_from_batch
 from canary_instrument.runtime.readback import DelayedReadback, Snapshot
 from canary_instrument.runtime.settings import CanarySettings
 from canary_instrument.runtime.state import CanaryState, PlanInputs
+from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation, decode_records
 
@@ -41,12 +47,14 @@ STATUS = (
     "pre_runs", "post_runs", "verified", "written",  # state.counters
     "verified_full", "verified_swa",  # state.group_verified
     "swa_remapped", "swa_out_of_window",  # SWA divergence, written when a report is due
+    "sweep_launches", "sweep_rows", "sweep_entries",  # idle-cache sweep (sweep.py's counters)
 )
 _AT = {name: i for i, name in enumerate(STATUS)}
 _RING_COUNT = slice(_AT["ring_count"], _AT["ring_count"] + 1)
 _COUNTERS = slice(_AT["pre_runs"], _AT["written"] + 1)
 _GROUP_VERIFIED = slice(_AT["verified_full"], _AT["verified_swa"] + 1)
 _SWA = slice(_AT["swa_remapped"], _AT["swa_out_of_window"] + 1)
+_SWEEP = slice(_AT["sweep_launches"], _AT["sweep_entries"] + 1)
 
 # Sub-forward phases.
 _IDLE, _PLANNED, _PRE_DONE, _POST_DONE = "idle", "planned", "pre-ops done", "post-ops done"
@@ -75,11 +83,20 @@ class CanaryStats:
 
 
 class _Tag(NamedTuple):
-    """Host facts at snapshot time: step number, enabled sub-forwards planned so far, SWA report due."""
+    """Host facts at snapshot time: step number, enabled sub-forwards planned so far, SWA report due,
+    and the sweep's progress (passes, rows in the current pass) when a stats line is due."""
 
     step: int
     planned: int
     swa_due: bool
+    sweep_progress: Optional[tuple] = None
+
+
+class _View(NamedTuple):
+    """What the perturbation hooks read from the manager (``perturb.ManagerView``'s fields)."""
+
+    step: int
+    radix_cache: Any
 
 
 class SingleForwardManager:
@@ -186,6 +203,25 @@ class CanaryManager:
         # Settings are frozen: the per-step feature switches are read once, so a disabled one costs one compare.
         self._stats_interval = settings.stats_interval
         self._swa_interval = settings.swa_divergence_interval if state.layout == "swa" else 0
+        self._reasons = ReasonCounter()
+        self._enable_warner: Optional[EnableWarner] = EnableWarner()
+        self._forwards = 0  # outside contexts completed, warm-up included (the enable warning counts them)
+        self.sweeper = self._make_sweeper(settings, ops)
+        # Self-test perturbations: the target's manager only (a draft worker's KV mirrors the target's slots).
+        self.perturber = None
+        if settings.perturb.enabled and not self.is_draft:
+            from canary_instrument.runtime.perturb.perturber import make_perturber
+
+            self.perturber = make_perturber(settings.perturb, state)
+
+    def _make_sweeper(self, settings: CanarySettings, ops: Any) -> Any:
+        if not settings.sweep_interval or self.is_draft:
+            return None  # the target's sweep reads the slots both runners share; a draft has no cache of its own
+        from canary_instrument.runtime.sweep import Sweeper
+
+        backend = getattr(ops, "name", None)
+        return Sweeper(self.state, interval=settings.sweep_interval, slots_per_sweep=settings.sweep_slots,
+                       counters=self._status[_SWEEP], backend=backend if backend in ("triton", "torch") else None)
 
     # ------------------------------------------------------------------ wiring surface
 
@@ -292,6 +328,8 @@ class CanaryManager:
         if self._outside_open:
             raise CanaryWiringError("kv canary: flush() called inside with_ops_outside_graph()")
         self._drain(final=True)
+        if self.perturber is not None:
+            self.perturber.poll(wait=True)  # log every injection whose device facts are still on the way
         out, self._unflushed = self._unflushed, []
         if self._unflushed_dropped:
             logger.warning(
@@ -345,14 +383,26 @@ class CanaryManager:
         planned = 0 if forward_kind(forward_batch) == IDLE else len(sfms)
         for sfm in sfms:
             sfm.phase = _PLANNED
+        if self.perturber is not None and planned:
+            # The forward about to run is counted at its end: its violations carry step + 1.
+            self.perturber.before_forward(_View(self._step + 1, self.radix_cache), forward_batch)
         return planned
 
     def _post_ops_outside_graph(self, sfms, planned: int, forward_batch, ok: bool) -> None:
+        self._forwards += 1
         if not self.init_finished:
             # Warm-up and capture forwards are not steps: nothing was planned, so there is
             # nothing to read, and the step schedule (stats, SWA, cross-rank checks) starts at
             # init on every rank, whatever warm-up each rank ran.
+            if self._enable_warner is not None:
+                self._enable_warner.observe(forwards=self._forwards, init_finished=False)
             return
+        perturber = self.perturber
+        if perturber is not None:
+            if planned and ok:
+                perturber.after_forward(_View(self._step + 1, self.radix_cache), forward_batch)
+            else:
+                perturber.restore()  # a failed forward: put back what was corrupted for it
         if sfms and sfms[0].phase != _IDLE:
             half_done = [s.index for s in sfms if s.phase == _PRE_DONE]
             for sfm in sfms:
@@ -370,10 +420,20 @@ class CanaryManager:
 
     def _step_end(self, forward_batch: Any) -> None:
         """Once per step, after its forwards were launched: device work that is due, then the readback."""
-        swa_due = self._swa_interval != 0 and self._step % self._swa_interval == 0
+        step = self._step
+        if self.perturber is not None:
+            self.perturber.at_step_end(_View(step, self.radix_cache))
+        sweeper = self.sweeper
+        progress = None
+        if sweeper is not None:
+            sweeper.maybe_sweep(step, self.radix_cache)
+            if self._stats_interval and step % self._stats_interval == 0:
+                p = sweeper.progress
+                progress = (p.passes, p.pass_rows)
+        swa_due = self._swa_interval != 0 and step % self._swa_interval == 0
         if swa_due:
             self._status[_SWA].copy_(self._swa_on_device(forward_batch))
-        self._readback_and_report(_Tag(self._step, self._planned, swa_due))
+        self._readback_and_report(_Tag(step, self._planned, swa_due, progress))
 
     # ------------------------------------------------------------------ reading results
 
@@ -439,12 +499,35 @@ class CanaryManager:
                     swa_out_of_window_tokens=out_of_window,
                 ).format(),
             )
+        warner = self._enable_warner
+        if warner is not None:
+            warner.observe(forwards=self._forwards, init_finished=True, steps=tag.step, planned=tag.planned,
+                           pre_runs=pre_runs, post_runs=post_runs)
+            if warner.done:
+                self._enable_warner = None  # nothing left to warn about: no more calls
         interval = self._stats_interval
         if interval and tag.step // interval > self._stats_logged_step // interval:
             self._stats_logged_step = tag.step
-            logger.info("%s", self._last.format())
+            logger.info("%s", self.stats_line(tag).format())
+
+    def stats_line(self, tag: Optional[_Tag] = None) -> StatsLine:
+        """The ``kv_canary_stats=`` line of the last snapshot read (sweep progress as of ``tag``, else now)."""
+        last = self._last
+        values = self._last_values
+        swept = int(values[_AT["sweep_rows"]]) if values is not None else 0
+        progress = tag.sweep_progress if tag is not None else None
+        if progress is None and self.sweeper is not None:
+            p = self.sweeper.progress
+            progress = (p.passes, p.pass_rows)
+        passes, pass_rows = progress if progress is not None else (0, 0)
+        return StatsLine(
+            step=last.steps, tokens_protected=last.tokens_protected, verified=last.verified, written=last.written,
+            pre_runs=last.pre_runs, post_runs=last.post_runs, violations=last.violations,
+            reasons=self._reasons.as_tuple(), swept=swept, sweep_passes=passes, sweep_pass_rows=pass_rows,
+        )
 
     def _report(self, violations: list[Violation], dropped: int, step: int) -> None:
+        self._reasons.add(violations)
         extra = []
         if dropped:
             extra.append(

@@ -10,8 +10,10 @@ falls through to the next source, then to the default). Every bad value raises a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
+
+from canary_instrument.runtime.perturb.settings import PerturbSettings, load_perturb_settings
 
 MODES = ("none", "log", "raise")
 REAL_KV_MODES = ("none", "partial", "all")
@@ -41,7 +43,11 @@ class CanarySettings:
     # come back within this many steps; each snapshot is one async copy and an event)
     readback_interval: int = 1
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
-    sweep_interval: int = 0  # [kv_canary_sweep_interval / -] sglang's radix-tree sweep interval; not run here
+    # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off
+    sweep_interval: int = 0
+    sweep_slots: int = 4096  # [kv_canary_sweep_slots / KV_CANARY_SWEEP_SLOTS] cached slots verified per sweep slice
+    # [kv_canary_perturb*, SGLANG_KV_CANARY_PERTURB* (perturb/settings.py)] self-test perturbations, off by default
+    perturb: PerturbSettings = field(default_factory=PerturbSettings)
 
     @property
     def enabled(self) -> bool:
@@ -115,17 +121,13 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "dist_interval": (("kv_canary_dist_interval",), ("KV_CANARY_DIST_INTERVAL",), _positive_int),
     "readback_interval": (("kv_canary_readback_interval",), ("KV_CANARY_READBACK_INTERVAL",), _positive_int),
     "token_window": ((), ("KV_CANARY_TOKEN_WINDOW",), _non_negative_int),
-    "sweep_interval": (("kv_canary_sweep_interval",), (), _non_negative_int),
+    "sweep_interval": (("kv_canary_sweep_interval",), ("KV_CANARY_SWEEP_INTERVAL",), _non_negative_int),
+    "sweep_slots": (("kv_canary_sweep_slots",), ("KV_CANARY_SWEEP_SLOTS",), _positive_int),
 }
 
 # sglang variables with no counterpart here: set to a value that asks for the feature, they are
 # named in one warning at install, so nobody believes a self-test is running when it is not.
 _UPSTREAM_ONLY = {
-    "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "upstream's fault self-test (perturbation)",
-    "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "upstream's fault self-test (perturbation)",
-    "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "upstream's fault self-test (perturbation)",
-    "SGLANG_KV_CANARY_PERTURB_REAL_KV_POST_FORWARD_PROB": "upstream's fault self-test (perturbation)",
-    "SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "upstream's fault self-test (perturbation)",
     "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "upstream's token-oracle input check",
     "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "upstream's token oracle",
 }
@@ -140,6 +142,7 @@ def load_settings(server_args: Any = None, environ: Optional[Mapping[str, str]] 
         if source is not None:
             name, raw = source
             values[field_name] = parse(name, raw)
+    values["perturb"] = load_perturb_settings(server_args, env)
     return CanarySettings(**values)
 
 
@@ -163,11 +166,6 @@ def unsupported_upstream(settings: CanarySettings, environ: Optional[Mapping[str
         text = str(env.get(var, "")).strip().lower()
         if text not in ("", "0", "0.0", "false", "no", "off"):
             found.append(f"{var}={env[var]} ({what})")
-    if settings.sweep_interval:
-        found.append(
-            f"kv_canary_sweep_interval={settings.sweep_interval} (radix-tree sweep: only the slots each forward "
-            "reads and writes are verified)"
-        )
     return found
 
 

@@ -32,7 +32,8 @@ REASON_NAMES = {
 # Kernel ids in violation records.
 KERNEL_PRE = 1
 KERNEL_POST = 2
-KERNEL_NAMES = {KERNEL_PRE: "pre_forward", KERNEL_POST: "post_forward"}
+KERNEL_SWEEP = 3  # idle-cache sweep (runtime/sweep.py); its records carry req_pool_index -1
+KERNEL_NAMES = {KERNEL_PRE: "pre_forward", KERNEL_POST: "post_forward", KERNEL_SWEEP: "sweep"}
 
 GROUP_FULL = 0
 GROUP_SWA = 1

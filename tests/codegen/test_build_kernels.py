@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from canary_instrument.codegen.build import render_kernels
 from canary_instrument.codegen.command import build_kernels
 from canary_instrument.codegen.render import KernelTemplateError
-from canary_instrument.codegen.specs import all_specs
+from canary_instrument.codegen.specs import all_specs, every_spec
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -28,12 +28,15 @@ def test_committed_kernels_are_fresh():
 def test_every_axis_in_the_name_and_header(tmp_path):
     render_kernels(TEMPLATES, tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest) == len(all_specs()) == 15
-    for spec in all_specs():
+    assert len(all_specs()) == len(all_specs(family="sweep")) == 15
+    assert len(manifest) == len(every_spec()) == 30
+    for spec in every_spec():
         text = (tmp_path / spec.filename).read_text()
         head = text.splitlines()[:4]
-        assert "templates/canary.py.jinja" in head[0]
-        assert head[1].startswith("# template: canary.py.jinja sha256:")
+        assert f"templates/{spec.template}" in head[0]
+        assert manifest[spec.filename]["template"] == spec.template
+        assert spec.filename.startswith(f"{spec.family}_layout_")
+        assert head[1].startswith(f"# template: {spec.template} sha256:")
         assert head[2] == "# axes: " + " ".join(f"{k}={v}" for k, v in spec.axes.items())
         assert head[3] == f"# content-sha256: {manifest[spec.filename]['content_sha256']}"
         for axis, value in spec.axes.items():
@@ -43,7 +46,7 @@ def test_every_axis_in_the_name_and_header(tmp_path):
 
 def test_writes_only_files_that_differ(tmp_path):
     first = render_kernels(TEMPLATES, tmp_path)
-    assert len(first.written) == 17  # 15 kernels + manifest + package init
+    assert len(first.written) == 32  # 15 per-forward and 15 sweep kernels + manifest + package init
     stamp = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     target = tmp_path / all_specs()[0].filename
     target.write_text(target.read_text() + "# local edit\n")
@@ -58,12 +61,13 @@ def test_writes_only_files_that_differ(tmp_path):
 
 def test_orphaned_kernel_files_are_stale_and_removed(tmp_path):
     render_kernels(TEMPLATES, tmp_path)
-    orphan = tmp_path / "canary_layout_gqa_v_half_1_realkv_none.py"
-    orphan.write_text("# old axis\n")
-    assert render_kernels(TEMPLATES, tmp_path, check=True).removed == [orphan.name]
-    assert orphan.exists()
+    orphans = [tmp_path / "canary_layout_gqa_v_half_1_realkv_none.py", tmp_path / "sweep_layout_gqa_v_half_0_realkv_all.py"]
+    for orphan in orphans:
+        orphan.write_text("# old axis\n")
+    assert render_kernels(TEMPLATES, tmp_path, check=True).removed == [o.name for o in orphans]
+    assert all(o.exists() for o in orphans)
     render_kernels(TEMPLATES, tmp_path)
-    assert not orphan.exists()
+    assert not any(o.exists() for o in orphans)
 
 
 def test_check_flag_exit_codes(tmp_path):
@@ -80,7 +84,7 @@ def test_check_flag_exit_codes(tmp_path):
 def test_layout_option_limits_kernel_files(tmp_path):
     result = CliRunner().invoke(build_kernels, ["--templates", str(TEMPLATES), "--out", str(tmp_path), "--layout", "mla"])
     assert result.exit_code == 0
-    assert sorted(p.name for p in tmp_path.glob("canary_*.py")) == sorted(s.filename for s in all_specs(["mla"]))
+    assert sorted(p.name for p in tmp_path.glob("*_layout_*.py")) == sorted(s.filename for s in every_spec(["mla"]))
 
 
 def _copy_templates(tmp_path) -> Path:

@@ -7,7 +7,7 @@ import pytest
 
 from canary_instrument.codegen.build import render_kernels
 from canary_instrument.codegen.linemap import template_location
-from canary_instrument.codegen.specs import all_specs
+from canary_instrument.codegen.specs import every_spec
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -18,7 +18,7 @@ def _template_line(where: str) -> str:
     return (REPO / name).read_text().splitlines()[int(line) - 1]
 
 
-@pytest.mark.parametrize("spec", all_specs(), ids=lambda s: s.stem)
+@pytest.mark.parametrize("spec", every_spec(), ids=lambda s: s.stem)
 def test_every_code_line_maps_to_a_template_line_with_the_same_text(spec):
     generated = REPO / "kernels" / spec.filename
     lines = generated.read_text().splitlines()
@@ -33,7 +33,7 @@ def test_every_code_line_maps_to_a_template_line_with_the_same_text(spec):
         if "{{" not in source and "{%" not in source:
             assert source.strip() == code, f"{spec.filename}:{number} -> {where}"
             checked += 1
-    assert checked > 200
+    assert checked > (200 if spec.family == "canary" else 80)
 
 
 def test_error_inside_generated_kernel_points_to_template_line(tmp_path):

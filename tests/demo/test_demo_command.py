@@ -26,8 +26,10 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
     assert re.fullmatch(r"\+[1-9][0-9]*(\.\.[0-9]+)?", delay) and reason == "token"
     swap_row = next(line for line in out.splitlines() if "two requests' tokens swapped" in line)
     assert swap_row.split()[-4:] == ["+0", "token", "+0", "token"]  # caught on the step, with and without EAGLE
+    idle_row = next(line for line in out.splitlines() if "cached KV bit flipped while idle" in line)
+    assert idle_row.split()[-1] == "fingerprint"  # found by the idle-cache sweep
     assert "MISSED" not in out
-    assert "Result: 13/13 injected faults caught; 0 violations" in out
+    assert "Result: 15/15 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2
 
 

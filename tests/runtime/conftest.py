@@ -1,6 +1,7 @@
 """Runtime tests run on CPU with the torch reference backend, and again on a GPU when one is visible."""
 
 import logging
+import os
 
 import pytest
 
@@ -34,5 +35,10 @@ def _clean_canary_env(monkeypatch):
         "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS",
         "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT",
         "SGLANG_KV_CANARY_SWA_DIVERGENCE_STATS_INTERVAL",
+        "KV_CANARY_SWEEP_INTERVAL",
+        "KV_CANARY_SWEEP_SLOTS",
     ):
         monkeypatch.delenv(var, raising=False)
+    for var in list(os.environ):
+        if var.startswith("SGLANG_KV_CANARY_PERTURB"):
+            monkeypatch.delenv(var, raising=False)

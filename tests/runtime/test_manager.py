@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from canary_instrument.runtime import CanaryWiringError, install_canary, mark_init_finished
+from canary_instrument.runtime.stats import StatsLine
 
 from .mini_engine import (
     MiniRunner,
@@ -146,9 +147,8 @@ def test_forwards_before_init_are_not_steps(dev, canary_log):
     runner.forward(sched.decode([req], [7]))  # step 2
     assert manager.flush() == []
     assert manager.step == manager.stats().steps == 2
-    stats_lines = [r.getMessage() for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
-    assert [line.split()[2] for line in stats_lines] == ["steps=2"]
-    assert "pre_runs=2 post_runs=2" in stats_lines[0]
+    [line] = StatsLine.find_all(canary_log.text)
+    assert (line.step, line.pre_runs, line.post_runs) == (2, 2, 2)
 
 
 def test_before_init_kernels_launch_disabled_and_do_nothing(dev):

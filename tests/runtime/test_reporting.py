@@ -3,6 +3,7 @@
 import pytest
 
 from canary_instrument.runtime import CanaryViolationError, Violation, mark_init_finished
+from canary_instrument.runtime.stats import StatsLine
 
 from .mini_engine import MiniRunner, Scheduler, server_args
 
@@ -122,9 +123,8 @@ def test_periodic_stats_lines(dev, canary_log):
     for i in range(4):
         runner.forward(sched.decode(reqs, [i, i]))
     runner.canary_manager.flush()
-    stats_lines = [r.getMessage() for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
     # Steps 2 and 4 were read (one step late) at the ends of steps 3 and 5; flush read step 5.
-    assert [line.split()[2] for line in stats_lines] == ["steps=2", "steps=4"]
+    assert [line.step for line in StatsLine.find_all(canary_log.text)] == [2, 4]
     stats = runner.canary_manager.stats()
     # 4 + 5 prompt tokens, then 4 decode steps of 2 requests; each token has a K and a V row.
     assert stats.tokens_protected == 9 + 8
@@ -133,7 +133,7 @@ def test_periodic_stats_lines(dev, canary_log):
 
 
 def _stats_lines(canary_log):
-    return [r.getMessage().split()[2] for r in canary_log.records if r.getMessage().startswith("kv_canary stats:")]
+    return [f"steps={line.step}" for line in StatsLine.find_all(canary_log.text)]
 
 
 def test_each_stats_line_is_logged_once_however_often_flush_runs(dev, canary_log):

@@ -35,16 +35,25 @@ def test_sglang_names_come_before_the_older_aliases():
         .ring_size == 32
 
 
-def test_sweep_interval_is_validated_and_named_as_unsupported():
+def test_sweep_and_perturbation_settings_are_read_validated_and_supported():
     from types import SimpleNamespace
 
     from canary_instrument.runtime.settings import unsupported_upstream
 
-    settings = load_settings(SimpleNamespace(kv_canary="log", kv_canary_sweep_interval=4), {})
-    assert settings.sweep_interval == 4
-    assert [f.split("=")[0] for f in unsupported_upstream(settings, {})] == ["kv_canary_sweep_interval"]
+    env = {"KV_CANARY_SWEEP_SLOTS": "512", "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.25",
+           "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "3"}
+    settings = load_settings(SimpleNamespace(kv_canary="log", kv_canary_sweep_interval=4), env)
+    assert (settings.sweep_interval, settings.sweep_slots) == (4, 512)
+    assert settings.perturb.rates == (("real_kv_used", 0.25),) and settings.perturb.warmup_steps == 3
+    assert unsupported_upstream(settings, env) == []  # both are features here, not ignored knobs
+    assert load_settings(None, {"KV_CANARY_SWEEP_INTERVAL": "16"}).sweep_interval == 16
+    assert (load_settings(None, {}).sweep_interval, load_settings(None, {}).perturb.enabled) == (0, False)
     with pytest.raises(ValueError, match=r"server_args.kv_canary_sweep_interval must be an integer >= 0"):
         load_settings(SimpleNamespace(kv_canary_sweep_interval=-1), {})
+    with pytest.raises(ValueError, match=r"KV_CANARY_SWEEP_SLOTS must be an integer >= 1; got '0'"):
+        load_settings(None, {"KV_CANARY_SWEEP_SLOTS": "0"})
+    with pytest.raises(ValueError, match=r"server_args.kv_canary_perturb: unknown perturbation 'flip'"):
+        load_settings(SimpleNamespace(kv_canary_perturb="flip=0.5"), {})
 
 
 def test_swa_divergence_interval_from_server_args():

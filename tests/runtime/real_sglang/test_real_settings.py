@@ -87,13 +87,14 @@ def test_sglang_parser_itself_refuses_a_bad_mode(parse, capsys):
 def test_upstream_knobs_without_a_counterpart_are_named_in_one_warning(sg, parse, caplog, monkeypatch):
     from .harness import RealRunner
 
-    env = {"SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "0.01", "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "0"}
+    env = {"SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1", "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "0"}
     args = parse("--kv-canary", "log", "--kv-canary-sweep-interval", "8")
     found = unsupported_upstream(load_settings(args, env), env)
-    assert [f.split("=")[0] for f in found] == ["SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "kv_canary_sweep_interval"]
+    # The sweep interval is a feature here (the idle-cache sweep), so only the write-input assert is named.
+    assert [f.split("=")[0] for f in found] == ["SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT"]
     caplog.set_level(logging.WARNING, logger="canary_instrument.runtime")
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     RealRunner(sg, args, "mha")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB=0.01" in warnings[0]
+    assert len(warnings) == 1 and "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT=1" in warnings[0]

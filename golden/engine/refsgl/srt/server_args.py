@@ -55,6 +55,7 @@ class ServerArgs:
     # KV canary (read by the canary runtime once the engine is instrumented).
     kv_canary: str = "none"
     kv_canary_real_kv: str = "none"
+    kv_canary_sweep_interval: int = 0  # sglang's idle-cache sweep interval (the runtime validates it)
 
     def __post_init__(self):
         self._choice("attention_layout", ATTENTION_LAYOUTS)

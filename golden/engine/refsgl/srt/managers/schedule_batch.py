@@ -86,6 +86,7 @@ class ScheduleBatch:
             input_ids=input_ids,
             req_pool_indices=self.req_pool_indices,
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=self.device),
+            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
             positions=positions,
             out_cache_loc=self.out_cache_loc,
             extend_prefix_lens=torch.tensor(self.prefix_lens, device=self.device) if extend else None,
@@ -120,6 +121,8 @@ class ScheduleBatch:
             input_ids=token_ids.reshape(-1).contiguous(),
             req_pool_indices=self.req_pool_indices,
             seq_lens=seq_lens,
+            seq_lens_cpu=torch.tensor(prefix_cpu if mode.is_target_verify() else
+                                      [n + num_tokens_per_req for n in prefix_cpu], dtype=torch.int64),
             positions=positions,
             out_cache_loc=out_cache_loc,
             extend_prefix_lens=self.seq_lens.clone(),

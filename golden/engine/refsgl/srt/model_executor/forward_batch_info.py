@@ -55,6 +55,7 @@ class ForwardBatch:
     extend_seq_lens: Optional[torch.Tensor] = None  # int64 [bs]
     extend_prefix_lens_cpu: Optional[list[int]] = None
     extend_seq_lens_cpu: Optional[list[int]] = None
+    seq_lens_cpu: Optional[torch.Tensor] = None  # host copy of seq_lens, as sglang keeps one
     # Set when every request has the same number of new tokens (verify, draft-extend after verify).
     num_tokens_per_req: Optional[int] = None
     req_to_token_pool: Any = None

@@ -1,0 +1,72 @@
+"""Host-known facts of a forward batch that perturbations pick targets from, without reading the device.
+
+Per request of the batch: how many leading positions this forward reads (and verifies) and how
+many it writes. They come from the batch's host copies (sglang's ``extend_prefix_lens_cpu``,
+``extend_seq_lens_cpu``, ``seq_lens_cpu``). A batch that carries none of them gets no batch
+perturbation; nothing is ever read back from the device to find out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    mode: str  # "decode" | "extend" | "verify"
+    prefix: tuple  # per request: positions [0, prefix) exist before this forward and are read by it
+    new: tuple  # per request: positions [prefix, prefix + new) are written by it
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.new)
+
+    def token_owner(self, index: int) -> tuple[int, int]:
+        """(request row, position) of the batch's ``index``-th new token, in batch order."""
+        for row, count in enumerate(self.new):
+            if index < count:
+                return row, self.prefix[row] + index
+            index -= count
+        raise IndexError(f"token {index} beyond the batch's {self.tokens} new tokens")
+
+
+def _host_list(value: Any) -> Optional[list[int]]:
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):
+        if getattr(value, "device", None) is not None and value.device.type != "cpu":
+            return None  # a device tensor: reading it would synchronise
+        value = value.tolist()
+    return [int(v) for v in value]
+
+
+def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
+    """The batch's per-request facts, or None when it is idle or its host copies are missing."""
+    if forward_batch is None:
+        return None
+    mode = forward_batch.forward_mode
+    size = int(getattr(forward_batch, "batch_size", 0) or 0)
+    if size == 0 or mode.is_idle():
+        return None
+    seq_lens = _host_list(getattr(forward_batch, "seq_lens_cpu", None))
+    if mode.is_target_verify():
+        # sglang reports the prefix as seq_lens for a verify; every request scores the same draft width.
+        prefix = seq_lens or _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
+        width = getattr(forward_batch, "num_tokens_per_req", None)
+        if prefix is None or not width:
+            return None
+        return BatchFacts("verify", tuple(prefix[:size]), (int(width),) * size)
+    if mode.is_decode():
+        if seq_lens is None:
+            return None
+        return BatchFacts("decode", tuple(n - 1 for n in seq_lens[:size]), (1,) * size)
+    prefix = _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
+    new = _host_list(getattr(forward_batch, "extend_seq_lens_cpu", None))
+    if prefix is None or new is None:
+        return None
+    return BatchFacts("extend", tuple(prefix[:size]), tuple(new[:size]))

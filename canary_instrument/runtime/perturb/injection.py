@@ -1,0 +1,72 @@
+"""One injected corruption as a user reads it, and its one-line, parseable log format.
+
+```
+kv_canary_perturb= step=57 kind=real_kv_used group=full half=k slot=1203 position=14 req=3 applied=1 byte=5 bit=2
+```
+
+``step`` is the manager step whose violations would report it (the same numbering as the
+``step=`` of ``kv_canary violation`` lines), ``req`` the req-pool index (-1: none), ``applied=0``
+marks an injection the device found nothing to corrupt for (an unmapped SWA slot): it changed
+nothing and is not scored. Kind-specific fields follow (``new_slot``, ``byte``, ``bit``, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+PREFIX = "kv_canary_perturb="
+_FIELD = re.compile(r"(\w+)=(\S+)")
+_CORE = ("step", "kind", "group", "half", "slot", "position", "req", "applied")
+NO_GROUP = "-"
+
+
+@dataclass(frozen=True)
+class Injection:
+    step: int
+    kind: str
+    slot: int  # the corrupted slot (its group's own index for group=swa); the old slot for req_to_token
+    position: int
+    req: int  # req-pool index, -1 when no request owns it (a cached slot)
+    group: str = NO_GROUP  # "full" | "swa" for real-KV kinds
+    half: str = NO_GROUP  # "k" | "v" for real-KV kinds
+    applied: bool = True
+    extra: tuple = ()  # ((name, int), ...) kind-specific fields, in log order
+
+    def get(self, name: str, default: Optional[int] = None) -> Optional[int]:
+        return dict(self.extra).get(name, default)
+
+    def format(self) -> str:
+        head = (
+            f"{PREFIX} step={self.step} kind={self.kind} group={self.group} half={self.half} slot={self.slot} "
+            f"position={self.position} req={self.req} applied={int(self.applied)}"
+        )
+        return head + "".join(f" {name}={value}" for name, value in self.extra)
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["Injection"]:
+        """The injection a log line reports, or None when the line is not one; ValueError when malformed."""
+        at = line.find(PREFIX)
+        if at < 0:
+            return None
+        fields = _FIELD.findall(line[at + len(PREFIX):])
+        values = dict(fields)
+        try:
+            return cls(
+                step=int(values["step"]),
+                kind=values["kind"],
+                group=values["group"],
+                half=values["half"],
+                slot=int(values["slot"]),
+                position=int(values["position"]),
+                req=int(values["req"]),
+                applied=values["applied"] == "1",
+                extra=tuple((name, int(value)) for name, value in fields if name not in _CORE),
+            )
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
+
+    @classmethod
+    def find_all(cls, text: str) -> list["Injection"]:
+        return [i for i in (cls.parse(line) for line in text.splitlines()) if i is not None]

@@ -1,0 +1,123 @@
+"""The real-KV kinds: one bit of layer 0's KV flipped inside the bytes the fingerprint covers.
+
+- ``real_kv_used``: a slot a request of this batch reads (a stray write into live KV). Flipped
+  before the forward, so its pre-forward pass reports ``fingerprint``; restored after the
+  forward, so the damage stays with the forward that read it.
+- ``real_kv_post_forward``: a slot this forward just wrote, after its post-forward pass stored
+  the fingerprint (a corrupted transfer or a late overwrite); in a target verify, a request's first
+  position (the draft guesses after it may be rejected). Whoever reads the slot next reports
+  it: the request's next forward, the idle-cache sweep, or a request reusing the prefix.
+- ``real_kv_unused_cache``: a slot the prefix cache holds while no request locks it. Only the
+  idle-cache sweep, or a request reusing the prefix, can find it.
+
+The last two are not restored: by the time it would be safe, the slot may belong to someone else.
+Layers other than 0 are not fingerprinted, so a flip there is out of the canary's reach by design.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from canary_instrument.runtime.perturb.base import (
+    GROUP_NAMES,
+    HALF_NAMES,
+    KindContext,
+    Planned,
+    fingerprinted_bytes,
+    flip_bit,
+    host_to_device,
+    pick_group,
+)
+from canary_instrument.runtime.perturb.batch import batch_facts
+from canary_instrument.runtime.radix_walk import sample_idle_slot
+
+
+def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:
+    """(row index of ``group``, valid) for a full slot (a one-element device tensor)."""
+    import torch
+
+    full_ok = (full_slot > 0) & (full_slot < state.groups[0].rows.shape[0])
+    if group.group == 0:
+        return full_slot, full_ok
+    mapped = state.swa_mapping.index_select(0, torch.where(full_ok, full_slot, 0)).to(torch.int64)
+    return mapped, full_ok & (mapped > 0) & (mapped < group.rows.shape[0])
+
+
+def _flip(ctx: KindContext, name: str, step: int, group: Any, full_slot: Any, position: int,
+          device: dict, restore: bool) -> Planned:
+    slot, valid = _resolve(ctx.state, group, full_slot)
+    byte = ctx.rng.randrange(fingerprinted_bytes(ctx.state))
+    bit = ctx.rng.randrange(8)
+    undo = flip_bit(group.kv_words, slot, valid, byte, bit)
+    return Planned(
+        name, step, position=position, group=GROUP_NAMES[group.group], half=HALF_NAMES[group.half],
+        extra=(("byte", byte), ("bit", bit)), device={**device, "slot": slot, "applied": valid},
+        undo=undo if restore else None,
+    )
+
+
+class RealKvUsed:
+    name = "real_kv_used"
+    hook = "before_forward"
+
+    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
+        import torch
+
+        facts = batch_facts(forward_batch)
+        rows = [r for r in range(facts.size) if facts.prefix[r] >= 1] if facts else []
+        group = pick_group(ctx)
+        if not rows or group is None:
+            return None
+        r = ctx.rng.choice(rows)
+        prefix = facts.prefix[r]
+        # The SWA group verifies (and attention reads) only the request's last window of positions.
+        lo = max(0, prefix - ctx.state.swa_window) if group.group == 1 else 0
+        position = ctx.rng.randrange(lo, prefix)
+        table = ctx.state.req_to_token
+        req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
+        full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
+        return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True)
+
+
+class RealKvPostForward:
+    name = "real_kv_post_forward"
+    hook = "after_forward"
+
+    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
+        import torch
+
+        facts = batch_facts(forward_batch)
+        group = pick_group(ctx)
+        if not facts or not facts.tokens or group is None:
+            return None
+        if facts.mode == "verify":
+            # Only a request's first verified position is sure to be kept: the draft guesses after it may be
+            # rejected and freed, and a flip there is never read.
+            r = ctx.rng.randrange(facts.size)
+            token, position = sum(facts.new[:r]), facts.prefix[r]
+        else:
+            token = ctx.rng.randrange(facts.tokens)
+            r, position = facts.token_owner(token)
+        full_slot = forward_batch.out_cache_loc[token : token + 1].to(torch.int64)
+        req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
+        return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=False)
+
+
+class RealKvUnusedCache:
+    name = "real_kv_unused_cache"
+    hook = "step_end"
+
+    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
+        import torch
+
+        group = pick_group(ctx)
+        found = sample_idle_slot(cache, ctx.rng) if cache is not None and group is not None else None
+        if found is None:
+            return None
+        slot, position = found
+        device = ctx.state.req_to_token.device
+        if hasattr(slot, "device") and slot.device == device:
+            full_slot = slot.reshape(1).to(torch.int64)
+        else:
+            full_slot = host_to_device([int(slot.reshape(-1)[0]) if hasattr(slot, "shape") else int(slot)], device)
+        return _flip(ctx, self.name, step, group, full_slot, position, {}, restore=False)

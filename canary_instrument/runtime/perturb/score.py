@@ -1,0 +1,139 @@
+"""Score a run: which injections the canary reported, how many steps later, and what it reported beyond them.
+
+An injection is reported by a violation of the same or a later step that names what it corrupted:
+
+| kind | a matching violation |
+|---|---|
+| req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
+| real_kv_used, real_kv_post_forward, real_kv_unused_cache | the flipped slot, in the same group and half, reason ``fingerprint`` |
+| next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
+
+Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
+applied injection is *unattributed*: on a healthy engine there must be none.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from canary_instrument.runtime.perturb.injection import Injection
+from canary_instrument.runtime.perturb.settings import KINDS
+from canary_instrument.runtime.violations import Violation
+
+_REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache")
+
+
+def matches(injection: Injection, violation: Violation) -> bool:
+    """Whether ``violation`` reports ``injection`` (see the module table)."""
+    if violation.step < injection.step:
+        return False
+    reasons = violation.reasons
+    if injection.kind == "req_to_token":
+        if violation.req_pool_index != injection.req:
+            return False
+        return violation.position == injection.position or (
+            violation.position == injection.position + 1 and "link" in reasons
+        )
+    if injection.kind in _REAL_KV:
+        return (
+            "fingerprint" in reasons
+            and violation.slot == injection.slot
+            and violation.group == injection.group
+            and violation.half == injection.half
+        )
+    if injection.kind == "next_token_swap":
+        if "token" not in reasons:
+            return False
+        at = {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
+        if violation.group == "swa":
+            slots = {injection.get("swa_slot"), injection.get("other_swa_slot")} - {None, 0}
+        else:
+            slots = {injection.slot, injection.get("other_slot")}
+        return (violation.req_pool_index, violation.position) in at or violation.slot in slots
+    return False
+
+
+@dataclass
+class KindScore:
+    kind: str
+    injected: int = 0
+    reported: int = 0
+    missed: list = field(default_factory=list)  # the Injections nothing reported
+    delays: list = field(default_factory=list)  # steps from injection to its first report, per reported one
+
+    def delay(self, how: str) -> Optional[float]:
+        if not self.delays:
+            return None
+        return {"min": min, "max": max, "median": statistics.median}[how](self.delays)
+
+
+@dataclass
+class Score:
+    kinds: dict  # kind -> KindScore, every kind in KINDS order
+    not_applied: int = 0
+    unattributed: list = field(default_factory=list)  # Violations no applied injection explains
+    violations: int = 0
+
+    @property
+    def injected(self) -> int:
+        return sum(k.injected for k in self.kinds.values())
+
+    @property
+    def reported(self) -> int:
+        return sum(k.reported for k in self.kinds.values())
+
+    def format(self) -> str:
+        lines = [f"{'kind':<22}{'injected':>9}{'reported':>9}{'missed':>7}   delay min/median/max (steps)"]
+        for k in self.kinds.values():
+            delay = "-" if not k.delays else f"{k.delay('min')}/{k.delay('median'):g}/{k.delay('max')}"
+            lines.append(f"{k.kind:<22}{k.injected:>9}{k.reported:>9}{len(k.missed):>7}   {delay}")
+        lines.append(
+            f"{'all':<22}{self.injected:>9}{self.reported:>9}{self.injected - self.reported:>7}   "
+            f"violations {self.violations}, unattributed {len(self.unattributed)}, not applied {self.not_applied}"
+        )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "kinds": {
+                k.kind: {"injected": k.injected, "reported": k.reported, "missed": [m.format() for m in k.missed],
+                         "delay_min": k.delay("min"), "delay_median": k.delay("median"), "delay_max": k.delay("max")}
+                for k in self.kinds.values()
+            },
+            "injected": self.injected,
+            "reported": self.reported,
+            "not_applied": self.not_applied,
+            "violations": self.violations,
+            "unattributed": [v.format() for v in self.unattributed],
+        }
+
+
+def score(injections: Iterable[Injection], violations: Iterable[Violation]) -> Score:
+    violations = list(violations)
+    result = Score(kinds={kind: KindScore(kind) for kind in KINDS}, violations=len(violations))
+    explained = [False] * len(violations)
+    for injection in injections:
+        if not injection.applied:
+            result.not_applied += 1
+            continue
+        kind = result.kinds.setdefault(injection.kind, KindScore(injection.kind))
+        kind.injected += 1
+        first = None
+        for i, violation in enumerate(violations):
+            if matches(injection, violation):
+                explained[i] = True
+                first = violation.step if first is None else min(first, violation.step)
+        if first is None:
+            kind.missed.append(injection)
+        else:
+            kind.reported += 1
+            kind.delays.append(first - injection.step)
+    result.unattributed = [v for v, ok in zip(violations, explained) if not ok]
+    return result
+
+
+def score_log(text: str) -> Score:
+    """Score every ``kv_canary_perturb=`` and ``kv_canary violation:`` line of a log."""
+    return score(Injection.find_all(text), Violation.find_all(text))

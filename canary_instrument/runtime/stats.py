@@ -1,0 +1,141 @@
+"""Periodic stats as one parseable line, and a warning when the canary is on but its kernels never ran.
+
+The stats line, every ``kv_canary_stats_interval`` steps:
+
+```
+kv_canary_stats= step=200 tokens_protected=2560 verified=81234 written=5120 pre_runs=200 post_runs=200 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 sweep_pass_rows=1024
+```
+
+``tokens_protected``/``verified``/``written``/``pre_runs``/``post_runs``/``violations`` are the
+device counters as of that step's snapshot (``tokens_protected``: tokens whose KV carries canary
+rows, i.e. rows written / rows per token);
+``reasons`` counts the violation records read so far by reason (a record with several reasons
+counts once for each; records dropped by a full ring are in ``violations`` only); ``swept`` is
+the rows the idle-cache sweep verified, ``sweep_passes`` its completed passes over the cache and
+``sweep_pass_rows`` how far the current pass has got.
+
+``EnableWarner`` is the health check's softer twin. The health check raises when planned canary
+passes did not run; this warns, once, when the canary is enabled but nothing at all ran after
+the first forwards: ``mark_init_finished()`` never called (the canary does nothing until it is),
+or every batch since init planned nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from canary_instrument.runtime.state import REASON_NAMES
+
+logger = logging.getLogger("canary_instrument.runtime")
+
+PREFIX = "kv_canary_stats="
+_FIELD = re.compile(r"(\w+)=(\S+)")
+_INTS = ("step", "tokens_protected", "verified", "written", "pre_runs", "post_runs", "violations", "swept",
+         "sweep_passes", "sweep_pass_rows")
+_REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class StatsLine:
+    step: int
+    verified: int
+    written: int
+    violations: int
+    reasons: tuple = ()  # ((reason, count), ...) in reason-bit order, zero counts left out
+    swept: int = 0
+    sweep_passes: int = 0
+    sweep_pass_rows: int = 0
+    tokens_protected: int = 0
+    pre_runs: int = 0
+    post_runs: int = 0
+
+    def reason_count(self, reason: str) -> int:
+        return dict(self.reasons).get(reason, 0)
+
+    def format(self) -> str:
+        reasons = ",".join(f"{name}:{count}" for name, count in self.reasons) or "-"
+        return (
+            f"{PREFIX} step={self.step} tokens_protected={self.tokens_protected} verified={self.verified} "
+            f"written={self.written} pre_runs={self.pre_runs} post_runs={self.post_runs} "
+            f"violations={self.violations} reasons={reasons} swept={self.swept} sweep_passes={self.sweep_passes} "
+            f"sweep_pass_rows={self.sweep_pass_rows}"
+        )
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["StatsLine"]:
+        """The stats a log line reports, or None when the line is not a stats line; ValueError when malformed."""
+        at = line.find(PREFIX)
+        if at < 0:
+            return None
+        values = dict(_FIELD.findall(line[at + len(PREFIX):]))
+        try:
+            ints = {name: int(values[name]) for name in _INTS}
+            raw = values["reasons"]
+            reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
+        return cls(reasons=reasons, **ints)
+
+    @classmethod
+    def find_all(cls, text: str) -> list["StatsLine"]:
+        return [s for s in (cls.parse(line) for line in text.splitlines()) if s is not None]
+
+
+@dataclass
+class ReasonCounter:
+    """Violation records read so far, by reason, for the stats line."""
+
+    counts: dict = field(default_factory=dict)
+
+    def add(self, violations: Iterable) -> None:
+        for violation in violations:
+            for reason in violation.reasons:
+                self.counts[reason] = self.counts.get(reason, 0) + 1
+
+    def as_tuple(self) -> tuple:
+        return tuple(sorted(((r, c) for r, c in self.counts.items() if c),
+                            key=lambda item: _REASON_ORDER.get(item[0], 1 << 30)))
+
+
+class EnableWarner:
+    """Warns once if, ``after_forwards`` forwards into a canary-enabled run, no canary pass has run."""
+
+    def __init__(self, after_forwards: int = 32):
+        if after_forwards < 1:
+            raise ValueError(f"kv canary: the enable warning needs after_forwards >= 1; got {after_forwards}")
+        self.after_forwards = after_forwards
+        self.warned: Optional[str] = None
+        self.settled = False  # kernels were seen running after enough steps: nothing left to warn about
+
+    @property
+    def done(self) -> bool:
+        """True once ``observe`` can no longer warn (the manager then stops calling it)."""
+        return self.warned is not None or self.settled
+
+    def observe(self, *, forwards: int, init_finished: bool, steps: int = 0, planned: int = 0,
+                pre_runs: int = 0, post_runs: int = 0) -> Optional[str]:
+        """Call after each forward the manager sees (``forwards`` counts them since install, warm-up included;
+        ``steps``/``planned``/runs are as of the last snapshot read). Returns the warning when it is given."""
+        if self.done or forwards < self.after_forwards:
+            return None
+        if not init_finished:
+            message = (
+                f"kv canary is enabled but mark_init_finished() was not called after {forwards} forwards: canary "
+                "passes stay disabled until it is (is the init-finished hook wired? run `canary-instrument check`)"
+            )
+        elif steps >= self.after_forwards and (pre_runs or post_runs):
+            self.settled = True
+            return None
+        elif steps >= self.after_forwards:
+            message = (
+                f"kv canary is enabled but no canary kernel ran in {steps} steps since init ({planned} sub-forwards "
+                "planned): every batch was idle or planned nothing, so the KV cache is not being checked"
+            )
+        else:
+            return None
+        self.warned = message
+        logger.warning("%s", message)
+        return message

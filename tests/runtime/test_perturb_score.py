@@ -1,0 +1,63 @@
+"""The kv_canary_perturb= line (format, parse, find_all) and the scorer that matches it against violations."""
+
+import pytest
+
+from canary_instrument.runtime.perturb import Injection, score, score_log
+from canary_instrument.runtime.violations import Violation
+
+
+def inj(kind, step=5, slot=40, position=3, req=2, group="-", half="-", applied=True, **extra):
+    return Injection(step=step, kind=kind, slot=slot, position=position, req=req, group=group, half=half,
+                     applied=applied, extra=tuple(extra.items()))
+
+
+def vio(step=5, slot=40, position=3, req=2, reasons=("fingerprint",), group="full", half="k", kernel="pre_forward"):
+    return Violation(kernel=kernel, group=group, half=half, slot=slot, position=position, stored=1, expected=2,
+                     reasons=frozenset(reasons), req_pool_index=req, step=step)
+
+
+def test_line_round_trip_and_find_all():
+    one = inj("real_kv_used", group="swa", half="v", byte=5, bit=7)
+    two = inj("req_to_token", slot=-1, applied=False, new_position=9, new_slot=77)
+    assert one.format() == ("kv_canary_perturb= step=5 kind=real_kv_used group=swa half=v slot=40 position=3 req=2 "
+                            "applied=1 byte=5 bit=7")
+    log = f"INFO x: warm\nWARNING canary_instrument.runtime: {one.format()}\nnoise\n{two.format()}\n"
+    assert Injection.find_all(log) == [one, two]
+    assert Injection.parse("kv_canary violation: nothing") is None
+    assert two.get("new_slot") == 77 and two.get("absent", -9) == -9
+    with pytest.raises(ValueError, match="malformed kv_canary_perturb= line"):
+        Injection.parse("kv_canary_perturb= step=1 kind=x")
+
+
+def test_each_kind_is_matched_by_what_the_canary_reports_for_it():
+    remap = inj("req_to_token", position=3, req=2, new_position=6)
+    flip = inj("real_kv_post_forward", step=7, slot=90, group="full", half="v")
+    swap = inj("next_token_swap", slot=11, position=4, req=1, other_req=3, other_position=8, other_slot=12)
+    lost = inj("real_kv_unused_cache", step=9, slot=123, req=-1, group="swa", half="k")
+    violations = [
+        vio(step=5, position=4, req=2, reasons=("link",), slot=1),  # remap: the next position's link
+        vio(step=8, slot=90, group="full", half="v", position=0, req=-1, kernel="sweep"),  # flip, one step later
+        vio(step=6, slot=90, group="full", half="v", req=7),  # before the flip: not it
+        vio(step=7, slot=90, group="full", half="k", req=7),  # the other half: not it
+        vio(step=5, position=8, req=3, reasons=("token",), slot=12, kernel="post_forward"),  # swap, other row
+        vio(step=20, slot=11, group="full", position=4, req=6, reasons=("token",)),  # swap's slot, reused later
+        vio(step=9, slot=123, group="full", half="k", req=7),  # another group's slot 123: not the lost one
+    ]
+    result = score([remap, flip, swap, lost, inj("real_kv_used", applied=False)], violations)
+    kinds = result.kinds
+    assert (kinds["req_to_token"].reported, kinds["req_to_token"].delays) == (1, [0])
+    assert (kinds["real_kv_post_forward"].reported, kinds["real_kv_post_forward"].delays) == (1, [1])
+    assert (kinds["next_token_swap"].reported, kinds["next_token_swap"].delays) == (1, [0])
+    assert kinds["real_kv_unused_cache"].missed == [lost]
+    assert (result.injected, result.reported, result.not_applied, result.violations) == (4, 3, 1, 7)
+    assert result.unattributed == [violations[2], violations[3], violations[6]]
+    text = result.format()
+    assert "real_kv_unused_cache" in text and "unattributed 3" in text
+    assert result.to_dict()["kinds"]["real_kv_post_forward"]["delay_median"] == 1
+
+
+def test_score_log_reads_both_line_kinds():
+    flip = inj("real_kv_used", group="full", half="k")
+    log = "\n".join([flip.format(), vio().format(), vio(step=6, slot=41).format()])
+    result = score_log(log)
+    assert (result.injected, result.reported, len(result.unattributed)) == (1, 1, 1)
