@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ def model_ops(refsgl):  # refsgl: the pristine engine is importable, as the scri
 
 
 def test_smoke_run_counts_the_fused_layers(model_ops, tmp_path):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("model_ops.py counts the CUDA path's ops through Triton's interpreter, which is off where CUDA is visible")
     rows = model_ops.main(["--smoke", "--layouts", "mha", "mla", "--out", str(tmp_path / "ops")])
     by_key = {(r["layout"], r["path"]): r for r in rows}
     assert set(by_key) == {("mha", "cuda"), ("mha", "cpu"), ("mla", "cuda"), ("mla", "cpu")}
