@@ -2,12 +2,14 @@
 
 from canary_instrument.catalog.loader import BUNDLED, build_catalog, find_pyproject, load_catalog
 from canary_instrument.catalog.model import (
+    EVIDENCE,
     RUNTIME_EXPORTS,
     Catalog,
     CatalogError,
     Hook,
     Location,
     Manager,
+    ModelRunnerShape,
     Site,
     Trigger,
     call_matches,
@@ -15,6 +17,7 @@ from canary_instrument.catalog.model import (
 )
 
 __all__ = [
-    "BUNDLED", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "Location", "Manager", "Site",
+    "BUNDLED", "EVIDENCE", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "Location", "Manager",
+    "ModelRunnerShape", "Site",
     "Trigger", "build_catalog", "call_matches", "find_pyproject", "load_catalog", "path_matches",
 ]

@@ -15,7 +15,6 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite import findings as codes
 from canary_instrument.rewrite.files import SourceError
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.locate import same_code
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, candidates, load, screen_round_trip
 
 
@@ -73,29 +72,31 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
     analysis = parsed.analysis
     report = FileReport(
         path=parsed.path,
-        wired=any(m.state == "wired" for m in analysis.sites),
+        # Hand-written wiring is wiring too: a tree that holds it is not half-wired for lack of generated code.
+        wired=any(m.state in ("wired", "handwritten") for m in analysis.sites),
         roles_expected=set(analysis.roles_expected),
         roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks},
     )
     add, when_wired, when_unwired = report.findings.append, report.when_wired.append, report.when_unwired.append
 
     for match in analysis.sites:
-        role, placeholder = match.site.role, match.site.placeholder
-        where = f"{match.class_node.name}.{match.method.name}"
+        role, placeholder = match.site.role, match.placeholder
+        where = match.where
         if match.state == "missing":
             add(parsed.finding(
                 match.first, codes.MISSING_PLACEHOLDER,
                 f"{role} site in {where} has no `{placeholder}` placeholder; run `canary-instrument scaffold`",
             ))
-        elif match.state == "incomplete":
-            add(parsed.finding(
-                match.anchor, codes.INCOMPLETE_PLACEHOLDER,
-                f"{role} site in {where}: `{placeholder}` is used but never assigned",
-            ))
         elif match.state == "other":
             add(parsed.finding(
                 match.anchor, codes.INCOMPLETE_PLACEHOLDER,
                 f"{role} site in {where}: `{placeholder}` holds neither a placeholder nor generated wiring",
+            ))
+        elif match.state == "handwritten":
+            add(parsed.finding(
+                match.anchor, codes.HAND_WRITTEN,
+                f"{role} site in {where}: `{placeholder}` holds hand-written canary wiring; "
+                f"`canary-instrument apply` migrates it to `{placeholder} = {match.wiring()}`",
             ))
         elif match.state == "placeholder":
             when_wired(parsed.finding(
@@ -103,7 +104,7 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
                 f"half-wired: {role} site in {where} still holds a placeholder while the tree is wired; "
                 "run `canary-instrument apply`",
             ))
-        elif match.state == "wired" and not same_code(match.assign.value, match.wiring()):
+        elif match.state == "wired" and not match.conforms():
             add(parsed.finding(
                 match.anchor, codes.STALE_WIRING,
                 f"{role} site in {where} is wired differently from the catalog ({match.wiring()}); "
@@ -111,20 +112,30 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             ))
 
     for hook in analysis.hooks:
+        role = hook.hook.role
         if not hook.present:
             when_wired(parsed.finding(
                 hook.anchor, codes.HOOK_MISSING,
-                f"half-wired: the {hook.hook.role} hook is missing after this statement in "
-                f"{hook.class_node.name}.{hook.method.name}; run `canary-instrument apply`",
+                f"half-wired: the {role} hook `{hook.statement}` is missing in {hook.where}; "
+                "run `canary-instrument apply`",
             ))
-        else:
+            continue
+        generated = [p for p in hook.present if p.handwritten is None]
+        if generated:
             when_unwired(parsed.finding(
-                hook.present[0][0], codes.HOOK_WITHOUT_WIRING,
-                f"half-wired: the {hook.hook.role} hook is present but no site is wired; "
+                generated[0].node, codes.HOOK_WITHOUT_WIRING,
+                f"half-wired: the {role} hook is present but no site is wired; "
                 "run `canary-instrument apply` (or `revert`)",
             ))
-        for statement, _ in hook.present[1:]:
-            add(parsed.finding(statement, codes.DUPLICATED_PLACEHOLDER, f"duplicated {hook.hook.role} hook"))
+        for present in hook.present:
+            if present.handwritten is not None:
+                add(parsed.finding(
+                    present.node, codes.HAND_WRITTEN,
+                    f"{role} hook holds hand-written canary wiring; `canary-instrument apply` migrates it to "
+                    f"`{present.migrated}`",
+                ))
+        for present in hook.present[1:]:
+            add(parsed.finding(present.node, codes.DUPLICATED_PLACEHOLDER, f"duplicated {role} hook"))
 
     for info in analysis.members:
         class_wired = any(m.state == "wired" and m.class_node is info.class_node for m in analysis.sites)
@@ -146,17 +157,33 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             f"{cls.name} holds sites whose catalog managers differ ({first}, {second}); one member "
             "cannot serve both",
         ))
-    for stray in analysis.strays:
-        if stray.duplicated:
+    for problem in analysis.problems:
+        name = problem.name
+        if problem.kind == "duplicated":
             add(parsed.finding(
-                stray.node, codes.DUPLICATED_PLACEHOLDER,
-                f"duplicated placeholder `{stray.name}`: its site already has one; remove this one",
+                problem.node, codes.DUPLICATED_PLACEHOLDER,
+                f"duplicated placeholder `{name}`: its site already has one; remove this one",
+            ))
+        elif problem.kind == "incomplete":
+            add(parsed.finding(
+                problem.node, codes.INCOMPLETE_PLACEHOLDER, f"`{name}` is used but never assigned",
+            ))
+        elif problem.kind == "unknown":
+            add(parsed.finding(
+                problem.node, codes.UNKNOWN_HAND_WIRING,
+                f"`{name}` holds hand-written canary wiring that no catalog role covers; to let the tool "
+                f"manage it, add under [tool.canary-instrument]: {problem.detail}",
+            ))
+        elif problem.kind == "ambiguous":
+            add(parsed.finding(
+                problem.node, codes.AMBIGUOUS_ROLE,
+                f"`{name}` fits the catalog roles {problem.detail} equally well; make one more specific "
+                "(calls, requires, class_refs, loop) in the catalog",
             ))
         else:
             add(parsed.finding(
-                stray.node, codes.STRAY_PLACEHOLDER,
-                f"stray placeholder `{stray.name}` outside every catalogued site; remove it, or add its "
-                "site to the catalog",
+                problem.node, codes.STRAY_PLACEHOLDER,
+                f"stray placeholder `{name}` ({problem.detail}); remove it, or add its site to the catalog",
             ))
     for uncovered in analysis.uncovered:
         add(parsed.finding(
@@ -165,3 +192,4 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             "a class no catalogued site covers; add a site for it to the catalog",
         ))
     return report
+

@@ -96,6 +96,9 @@ class _Editor(cst.CSTTransformer):
                 self.applied.add(key)
                 index += 1
                 continue
+            if key in plan.replace_statement:
+                self.applied.add(key)
+                node = self._statement(plan.replace_statement[key]).with_changes(leading_lines=node.leading_lines)
             if key in plan.insert_before:
                 self.applied.add(key)
                 inserted = [self._statement(text) for text in plan.insert_before[key]]
@@ -132,12 +135,14 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
     editor = _Editor(plan, module)
     edited = MetadataWrapper(module, unsafe_skip_copy=True).visit(editor)
     wanted = (
-        set(plan.replace_value) | set(plan.insert_before) | set(plan.insert_after) | set(plan.wrap)
+        set(plan.replace_value) | set(plan.replace_statement) | set(plan.insert_before) | set(plan.insert_after) | set(plan.wrap)
         | set(plan.add_item) | plan.remove | set(plan.append_to_class)
     )
     missing = wanted - editor.applied
     if missing:
         raise PlanNotApplied(f"no statement at {sorted(missing)} to edit")
+    if plan.runtime_import is not None and plan.runtime_import[1]:
+        edited = add_sorted_import(edited, *plan.runtime_import, plan.own_packages)
     if plan.add_imports:
         context = CodemodContext()
         for module_name, name in plan.add_imports:
@@ -235,4 +240,118 @@ def _hand_over_spacing(before: cst.Module, after: cst.Module) -> cst.Module:
                 body[new] = body[new].with_changes(leading_lines=original.leading_lines)
         else:
             new += 1
+    return after.with_changes(body=body)
+
+
+# isort's sections, in file order.
+_SECTIONS = ("future", "stdlib", "thirdparty", "firstparty", "local")
+
+
+def _docstring(statement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.BaseString)
+    )
+
+
+def _import_of(statement) -> cst.Import | cst.ImportFrom | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and isinstance(
+        statement.body[0], (cst.Import, cst.ImportFrom)
+    ):
+        return statement.body[0]
+    return None
+
+
+def _section(node, own: frozenset[str]) -> str:
+    if isinstance(node, cst.ImportFrom) and node.relative:
+        return "local"
+    name = get_full_name_for_node(node.module if isinstance(node, cst.ImportFrom) else node.names[0].name) or ""
+    top = name.split(".")[0]
+    if top == "__future__":
+        return "future"
+    if top in sys.stdlib_module_names:
+        return "stdlib"
+    return "firstparty" if top in own else "thirdparty"
+
+
+def _sort_key(node) -> tuple[bool, str]:
+    """isort's default order inside a section: plain imports first, then from-imports, by module name."""
+    if isinstance(node, cst.ImportFrom):
+        return True, (get_full_name_for_node(node.module) or "").lower()
+    return False, (get_full_name_for_node(node.names[0].name) or "").lower()
+
+
+def _blank(lines) -> bool:
+    return any(line.comment is None for line in lines)
+
+
+def add_sorted_import(module: cst.Module, name: str, names: tuple[str, ...], own: frozenset[str]) -> cst.Module:
+    """`from <name> import <names>` where isort would put it: in the file's third-party block, sorted there.
+
+    An existing import from the module gains the names instead. A file without a third-party
+    block gets a new one after its standard-library block (a blank line on each side), as isort
+    would write it.
+    """
+    body = list(module.body)
+    for statement in body:
+        node = _import_of(statement)
+        if isinstance(node, cst.ImportFrom) and not node.relative and get_full_name_for_node(node.module) == name:
+            context = CodemodContext()
+            for imported in names:
+                AddImportsVisitor.add_needed_import(context, name, imported)
+            return _keep_spacing_module(module, module.visit(AddImportsVisitor(context)))
+    start = 1 if body and _docstring(body[0]) else 0
+    end = start
+    while end < len(body) and _import_of(body[end]) is not None:
+        end += 1
+    if end == start:
+        context = CodemodContext()
+        for imported in names:
+            AddImportsVisitor.add_needed_import(context, name, imported)
+        return _keep_spacing_module(module, module.visit(AddImportsVisitor(context)))
+    statement = cst.parse_statement(
+        f"from {name} import {', '.join(names)}{module.default_newline}", config=module.config_for_parsing
+    )
+    if len(statement.body[0].names) and len(module.code_for_node(statement).rstrip()) > 88:
+        inner = "".join(f"    {imported},{module.default_newline}" for imported in names)
+        statement = cst.parse_statement(
+            f"from {name} import ({module.default_newline}{inner}){module.default_newline}",
+            config=module.config_for_parsing,
+        )
+    # Blocks of the import region: a blank line starts a new one.
+    blocks: list[list[int]] = []
+    for index in range(start, end):
+        if not blocks or _blank(body[index].leading_lines):
+            blocks.append([])
+        blocks[-1].append(index)
+    section = {index: _section(_import_of(body[index]), own) for index in range(start, end)}
+    mine = (True, name.lower())
+    third = [block for block in blocks if all(section[i] == "thirdparty" for i in block)]
+    if third:
+        block = third[0]
+        later = next((i for i in block if _sort_key(_import_of(body[i])) > mine), None)
+        if later is None:
+            body.insert(block[-1] + 1, statement)
+        else:
+            body.insert(later, statement.with_changes(leading_lines=body[later].leading_lines))
+            body[later + 1] = body[later + 1].with_changes(leading_lines=())
+        return module.with_changes(body=body)
+    rank = _SECTIONS.index("thirdparty")
+    before = [block for block in blocks if max(_SECTIONS.index(section[i]) for i in block) < rank]
+    if before:
+        position = before[-1][-1] + 1
+        body.insert(position, statement.with_changes(leading_lines=[cst.EmptyLine()]))
+        if position + 1 < len(body) and not _blank(body[position + 1].leading_lines):
+            body[position + 1] = body[position + 1].with_changes(
+                leading_lines=[cst.EmptyLine(), *body[position + 1].leading_lines]
+            )
+        return module.with_changes(body=body)
+    first = blocks[0][0]
+    body.insert(first, statement.with_changes(leading_lines=body[first].leading_lines))
+    body[first + 1] = body[first + 1].with_changes(leading_lines=[cst.EmptyLine()])
+    return module.with_changes(body=body)
+
+
+def _keep_spacing_module(before: cst.Module, after: cst.Module) -> cst.Module:
+    body, _ = _keep_spacing(before, after)
     return after.with_changes(body=body)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from canary_instrument.runtime.wiring import canary_context, context_tuple, mark_init_finished
+from canary_instrument.runtime.wiring import attach_radix_cache, canary_context, context_tuple, mark_init_finished
 
 _LAZY = {
     "install_canary": "canary_instrument.runtime.install",
@@ -25,7 +25,7 @@ _LAZY = {
     "CanaryViolationError": "canary_instrument.runtime.errors",
 }
 
-__all__ = ["canary_context", "context_tuple", "mark_init_finished", *_LAZY]
+__all__ = ["attach_radix_cache", "canary_context", "context_tuple", "mark_init_finished", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -185,6 +185,10 @@ class CanaryManager:
     def step(self) -> int:
         return self._step
 
+    def attach_radix_cache(self, tree_cache: Any) -> None:
+        """Keep the scheduler's prefix cache (what an idle-cache sweep would walk)."""
+        self.radix_cache = tree_cache
+
     def mark_init_finished(self) -> None:
         """Warm-up and capture are over: from now on plans are enabled and phase order is enforced."""
         if self._active is not None or self._outside_open:

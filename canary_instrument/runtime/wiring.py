@@ -61,3 +61,9 @@ def mark_init_finished(manager: Any) -> None:
     """Tell the manager that warm-up and graph capture are over; a no-op without a manager."""
     if manager is not None:
         manager.mark_init_finished()
+
+
+def attach_radix_cache(manager: Any, tree_cache: Any) -> None:
+    """Hand the scheduler's prefix (radix) cache to the manager; a no-op without a manager."""
+    if manager is not None:
+        manager.attach_radix_cache(tree_cache)
