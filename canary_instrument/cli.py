@@ -96,14 +96,21 @@ def main():
     "--format", "output_format", type=click.Choice(["text", "json", "github"]), default="text",
     show_default=True, help="text: path:line:col lines; json: one document; github: workflow annotations.",
 )
-def check(paths, catalog_file, output_format):
+@click.option("--no-cache", is_flag=True, help="Read and analyse every file; neither read nor write the cache.")
+@click.option(
+    "--cache-dir", type=click.Path(file_okay=False), envvar="CANARY_INSTRUMENT_CACHE_DIR",
+    help="Cache folder (default: .canary-instrument-cache at the git root; env CANARY_INSTRUMENT_CACHE_DIR).",
+)
+def check(paths, catalog_file, output_format, no_cache, cache_dir):
     """Check that every catalogued site holds a placeholder or its wiring, nothing is stray or half-wired,
-    and no forward path sits in a class no site covers. Exit 0 clean, 1 findings, 2 errors."""
+    and no forward path runs outside every catalogued site. Exit 0 clean, 1 findings, 2 errors."""
+    from canary_instrument.rewrite.cache import CheckCache
     from canary_instrument.rewrite.check import check_tree
 
     paths = paths or (".",)
     catalog = _load_catalog(paths, catalog_file)
-    result = _fail_on_internal_error(check_tree, paths, catalog)
+    cache = None if no_cache else CheckCache.open(paths, catalog, cache_dir)
+    result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache)
     diagnostics = [*result.errors, *result.findings]
     if output_format == "json":
         click.echo(json.dumps({

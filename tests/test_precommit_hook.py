@@ -103,6 +103,10 @@ def test_commit_deleting_a_placeholder_is_refused_and_a_clean_one_passes(tmp_pat
     clean = git("commit", "-m", "unrelated change", cwd=repo, env=pre_commit_env, check=False)
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
+    # The hook's cache sits at the repository root and ignores itself: nothing is left to stage.
+    assert (repo / ".canary-instrument-cache" / ".gitignore").is_file()
+    assert git("status", "--porcelain", "--untracked-files=all", cwd=repo).stdout == ""
+
 
 def test_apply_hook_wires_the_tree_and_stops_the_commit_for_review(tmp_path, hook_source, pre_commit_env):
     repo = engine_repo(tmp_path / "engine", hook_source, ["canary-instrument-apply"], pre_commit_env)

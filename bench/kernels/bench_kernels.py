@@ -8,7 +8,8 @@ launches the passes), against a device-to-device copy measured in the same run.
 writes DIR/results.json and DIR/scaling.png; RESULTS.md in this folder is written from them.
 
 Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B and
-expected-token entry 8 B once per position, plus per (group, half) the 32 B canary row and,
+expected-token entry 8 B once per position (an upper bound since the runtime's sampled-token check
+reads one 4 B entry per request), plus per (group, half) the 32 B canary row and,
 with realkv=partial, the 32 B DRAM sector holding the 16 B of layer 0's KV row the fingerprint
 covers (rows are 2 KiB apart, so no two positions share a sector). The predecessor row
 and predecessor req_to_token entry are the neighbouring lane's and are not counted (cache hits
@@ -63,7 +64,9 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     order = torch.arange(1, slots, device=DEV, dtype=torch.int64)
     if scattered:
         order = order[torch.randperm(slots - 1, device=DEV, generator=g)]
-    r2t = order.view(reqs, ctx).to(torch.int32).contiguous()
+    # Req-pool row 0 is the padding row (graph padding points at it); requests use rows 1..reqs.
+    r2t = torch.zeros((reqs + 1, ctx), dtype=torch.int32, device=DEV)
+    r2t[1:] = order.view(reqs, ctx).to(torch.int32)
     halves = [HALF_K, HALF_V] if v_half and layout != "mla" else [HALF_K]
     kinds = [GROUP_FULL, GROUP_SWA] if layout == "swa" else [GROUP_FULL]
     groups = []
@@ -79,7 +82,7 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     max_bs = max_bs or reqs
     state = CanaryState(
         layout=layout, realkv=realkv, groups=groups, req_to_token=r2t,
-        expected_tokens=tokens if expected else None, token_offset=0,
+        token_offset=0,
         swa_mapping=torch.arange(slots, device=DEV) if layout == "swa" else None,
         swa_window=window if layout == "swa" else 0,
         ring=torch.zeros((1024, 8), dtype=torch.int64, device=DEV),
@@ -88,8 +91,8 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
         group_verified=torch.zeros(2, dtype=torch.int64, device=DEV),
     )
     plan = PlanInputs(
-        num_reqs=torch.tensor([reqs], dtype=torch.int32, device=DEV),
-        req_pool_indices=torch.arange(max_bs, device=DEV, dtype=torch.int64) % reqs,
+        num_reqs=reqs,
+        req_pool_indices=1 + torch.arange(max_bs, device=DEV, dtype=torch.int64) % reqs,
         prefix_lens=torch.zeros(max_bs, dtype=torch.int32, device=DEV),
         extend_lens=torch.full((max_bs,), ctx - 1, dtype=torch.int32, device=DEV),
         enabled=torch.tensor([1], dtype=torch.int32, device=DEV),
@@ -104,6 +107,11 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     plan.prefix_lens.fill_(ctx - 1)
     plan.extend_lens.fill_(1)
     decode_ids = tokens[:, ctx - 1].contiguous()
+    if expected:
+        # The sampled-token check of a decode: each request's sampled token for position ctx - 1.
+        state.sampled_tokens = torch.full((reqs + 1,), -1, dtype=torch.int32, device=DEV)
+        state.sampled_tokens[1:] = decode_ids.to(torch.int32)
+        plan.check_sampled = True
     reset(state)
     return state, plan, decode_ids
 
@@ -258,11 +266,12 @@ def write_vs_serial(results, config):
     """The 16k-token write (pre-forward, realkv=none) under the chosen launch configuration."""
     tokens = WRITE_TOKENS
     state, plan, _ = build("mla", "none", 1, 2, v_half=False)
-    r2t = torch.arange(1, tokens + 1, device=DEV, dtype=torch.int32).view(1, tokens)
+    r2t = torch.zeros((2, tokens), device=DEV, dtype=torch.int32)
+    r2t[1] = torch.arange(1, tokens + 1, device=DEV, dtype=torch.int32)
     rows = torch.zeros((tokens + 1, 4), dtype=torch.int64, device=DEV)
     state.groups[0].rows = rows
     state.req_to_token = r2t
-    state.expected_tokens = None
+    state.sampled_tokens = None
     plan.prefix_lens.zero_()
     plan.extend_lens.fill_(tokens)
     ids = torch.randint(0, 128_000, (tokens,), device=DEV)

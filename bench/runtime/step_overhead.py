@@ -1,15 +1,20 @@
-"""Per-decode-step cost of the canary's outside-graph work: host wall time and the torch ops it issues.
+"""Host time the canary adds to each decode step of the instrumented reference engine, and the ops it issues.
 
-Drives the runtime on the sglang-shaped test engine (tests/runtime/mini_engine.py): requests
-are prefilled, then decoded step by step. Only the two outside-graph phases are measured:
-entering ``with_ops_outside_graph`` (plan + expected tokens + upload) and leaving it (disable,
-readback, bookkeeping); the bracketed model forward between them (the in-graph canary kernels)
-is run but not timed. A second pass under ``torch.profiler`` counts the top-level aten ops of
-each phase, i.e. what the runtime itself calls; on a GPU each such op on a device tensor is a
-kernel launch or a copy, and ``--device cuda`` also counts the device kernels and H2D/D2H
-memcpys the profiler sees.
+A copy of the reference engine (golden/engine) is instrumented with the real CLI (scaffold,
+check, apply) and built twice, canary off and on (log mode, real-KV partial); `bs` requests are
+prefilled, then decoded. Every generated `canary_ctx` member (the wired sites) is wrapped so the
+host time of building, entering and leaving the canary's contexts is summed per scheduler step:
+with the canary on that is the outside-graph phases (phase checks, step count, readback) and the
+sub-forward routing, with it off the null contexts the same sites return. The sampler wrap
+(`record_sampled`, on) is timed too. What runs between a context's entry and exit (the model
+forward, a CUDA-graph replay) is not counted. The bracket's host work inside eager forwards
+(plan + kernel launches; none when a CUDA graph replays) is reported beside it, not in the total:
+on CUDA the reference engine replays decode and draft-extend through graphs but runs the EAGLE
+draft chain eagerly, which sglang captures in a graph too. Medians over --steps decode steps; a
+second pass under torch.profiler counts the aten ops issued inside the timed canary phases.
 
-    PYTHONPATH=. python bench/runtime/step_overhead.py --steps 300 --out bench/runtime/results/before.json
+    PYTHONPATH=. python bench/runtime/step_overhead.py --out bench/runtime/results/cpu.json
+    PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --out $OUT/gpu.json
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,11 +36,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from canary_instrument.runtime import mark_init_finished  # noqa: E402
-from tests.runtime.mini_engine import MiniRunner, Scheduler, draft_step_batches, server_args  # noqa: E402
+from canary_instrument.demo import engine_copy, matrix  # noqa: E402
 
 PROMPT = 32
-PHASES = ("pre", "post")
 # Ops that only make a tensor view or wrap a value: no kernel, no copy on any device.
 METADATA_OPS = {
     "aten::slice", "aten::select", "aten::view", "aten::as_strided", "aten::unsqueeze", "aten::expand",
@@ -44,63 +48,139 @@ METADATA_OPS = {
 }
 
 
-class Case:
-    """One engine: ``bs`` requests prefilled, decoded with ``subs`` sub-forwards per step."""
+class Clock:
+    """Host seconds spent in the canary's phases during the current step."""
 
-    def __init__(self, bs: int, tokens: bool, subs: int, steps: int, device: str):
-        self.bs, self.tokens, self.subs, self.device = bs, tokens, subs, device
-        context = PROMPT + (steps + 64) * subs + 8
-        args = server_args(
-            kv_canary_token_check=tokens,
-            speculative_num_steps=subs + 1 if subs > 1 else None,
-        )
-        self.runner = MiniRunner(args, device=device, size=bs * context + 8, max_reqs=bs, max_context=context)
-        self.manager = self.runner.canary_manager
-        if self.manager.num_single_forward != subs:
-            raise RuntimeError(f"expected {subs} sub-forwards, the manager has {self.manager.num_single_forward}")
-        self.sched = Scheduler(self.runner, token_ids=tokens)
-        mark_init_finished(self.manager)
-        self.reqs = [self.sched.new_request([(7 * b + p) % 1000 + 1 for p in range(PROMPT)]) for b in range(bs)]
-        self.runner.forward(self.sched.extend(self.reqs))
-        self.next_token = 0
+    def __init__(self):
+        self.sites = 0.0  # wired sites: building, entering and leaving their contexts
+        self.sample = 0.0  # the sampler wrap's record
+        self.bracket = 0.0  # bracketed forwards' pre/post ops (eager forwards only)
+        self.profiling = False
 
-    def _batches(self):
-        """The outside batch and the per-sub-forward batches of the next step."""
-        self.next_token += 1
-        if self.subs == 1:
-            batch = self.sched.decode(self.reqs, [(self.next_token + b) % 1000 + 1 for b in range(self.bs)])
-            return batch, [batch]
-        guesses = [[(self.next_token + b + i) % 1000 + 1 for i in range(self.subs)] for b in range(self.bs)]
-        token_ids = [list(r.tokens) for r in self.reqs] if self.tokens else None
-        return draft_step_batches(self.sched, self.reqs, self.subs, guesses, token_ids=token_ids)
-
-    def step(self, clock=time.perf_counter, mark=None):
-        """One step; returns the host seconds of the pre and post outside-graph phases."""
-        outer, per_sub = self._batches()
-        model = self.runner.model
-        ctx = self.manager.with_ops_outside_graph(range(self.subs), outer)
-        with mark("pre") if mark else _null():
-            t0 = clock()
-            ctx.__enter__()
-            t1 = clock()
-        for i, batch in enumerate(per_sub):
-            with self.manager.with_active_single_forward_manager(i):
-                model.forward(batch.input_ids, batch.positions, batch)
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        with mark("post") if mark else _null():
-            t2 = clock()
-            ctx.__exit__(None, None, None)
-            t3 = clock()
-        return t1 - t0, t3 - t2
+    def reset(self):
+        self.sites = self.sample = self.bracket = 0.0
 
 
-class _null:
+CLOCK = Clock()
+
+
+def _marker(name):
+    return record_function(name) if CLOCK.profiling else _Null()
+
+
+class _Null:
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         return False
+
+
+class _Timed:
+    """A wired site's context, with its entry and exit timed."""
+
+    __slots__ = ("_cm",)
+
+    def __init__(self, cm):
+        self._cm = cm
+
+    def __enter__(self):
+        with _marker("canary.sites"):
+            t0 = time.perf_counter()
+            value = self._cm.__enter__()
+            CLOCK.sites += time.perf_counter() - t0
+        return value
+
+    def __exit__(self, *exc):
+        with _marker("canary.sites"):
+            t0 = time.perf_counter()
+            out = self._cm.__exit__(*exc)
+            CLOCK.sites += time.perf_counter() - t0
+        return out
+
+
+def _time_sites(module) -> int:
+    """Wrap the generated ``canary_ctx`` member of every engine class that has one; returns how many."""
+    import importlib
+    import inspect
+
+    wrapped = 0
+    for name in ("model_executor.model_runner", "model_executor.cuda_graph_runner",
+                 "speculative.eagle_worker_v2", "speculative.eagle_draft_extend_cuda_graph_runner"):
+        mod = importlib.import_module(f"{module.__name__.split('.')[0]}.srt.{name}")
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            member = cls.__dict__.get("canary_ctx")
+            if member is None or getattr(member, "_timed", False):
+                continue
+
+            def canary_ctx(self, *args, _member=member, **kwargs):
+                with _marker("canary.sites"):
+                    t0 = time.perf_counter()
+                    cm = _member(self, *args, **kwargs)
+                    CLOCK.sites += time.perf_counter() - t0
+                return _Timed(cm)
+
+            canary_ctx._timed = True
+            cls.canary_ctx = canary_ctx
+            wrapped += 1
+    return wrapped
+
+
+def _time_manager(manager) -> None:
+    """Time the sampler wrap's record and the bracket's pre/post ops of one manager (on the instance)."""
+
+    def timed(fn, attr):
+        def run(*args, **kwargs):
+            with _marker(f"canary.{attr}"):
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                setattr(CLOCK, attr, getattr(CLOCK, attr) + time.perf_counter() - t0)
+            return out
+
+        return run
+
+    if hasattr(manager, "record_sampled"):  # absent before the sampler wrap (runs of older commits)
+        manager.record_sampled = timed(manager.record_sampled, "sample")
+    manager.pre_ops_maybe_inside_graph = timed(manager.pre_ops_maybe_inside_graph, "bracket")
+    manager.post_ops_maybe_inside_graph = timed(manager.post_ops_maybe_inside_graph, "bracket")
+
+
+class Case:
+    """One engine (canary on or off) with ``bs`` requests decoding; ``subs`` draft sub-forwards (EAGLE) or 1."""
+
+    def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str):
+        eagle = subs > 1
+        per_step = subs + 2 if eagle else 1  # tokens a step may add: accepted drafts + bonus
+        new_tokens = steps * per_step + 16
+        context = PROMPT + new_tokens + 64
+        args = dict(matrix.ENGINE_DEFAULTS, attention_layout="mha", device=device, max_running_requests=bs,
+                    cuda_graph_max_bs=bs, max_context_len=context, max_total_tokens=bs * context + 64,
+                    chunked_prefill_size=bs * PROMPT, disable_radix_cache=True,
+                    kv_canary="log" if canary else "none", kv_canary_real_kv="partial")
+        if eagle:
+            args.update(speculative_algorithm="EAGLE", speculative_num_steps=subs + 1)
+        self.engine = module.Engine(**args)
+        self.device = device
+        self.managers = [m for m in (getattr(r, "canary_manager", None) for r in self.engine.model_runners) if m]
+        if canary:
+            for manager in self.managers:
+                _time_manager(manager)
+            draft = [m for m in self.managers if m.state.token_offset == 1]
+            if eagle and draft[0].num_single_forward != subs:
+                raise RuntimeError(f"expected {subs} draft sub-forwards, got {draft[0].num_single_forward}")
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(bs):
+            self.engine.add_request(torch.randint(1, 128, (PROMPT,), generator=gen).tolist(), new_tokens)
+        while self.engine.scheduler.waiting or self.engine.scheduler.chunked_req is not None:
+            self.engine.step()
+
+    def step(self) -> tuple[float, float, float]:
+        """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket."""
+        CLOCK.reset()
+        batch = self.engine.step()
+        if batch is None or not batch.forward_mode.is_decode() or len(self.engine.scheduler.running) != len(batch.reqs):
+            raise RuntimeError("the measured requests left decode or finished: raise the step budget")
+        return CLOCK.sites, CLOCK.sample, CLOCK.bracket
 
 
 def _phase_of(event):
@@ -113,7 +193,7 @@ def _phase_of(event):
 
 
 def _top_level(event) -> bool:
-    """An aten op the runtime called itself (not one nested inside another aten op)."""
+    """An aten op the canary called itself (not one nested inside another aten op)."""
     parent = event.cpu_parent
     while parent is not None and not parent.name.startswith("canary."):
         if parent.name.startswith("aten::"):
@@ -124,68 +204,71 @@ def _top_level(event) -> bool:
 
 def count_ops(case: Case, steps: int) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case.device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            case.step(mark=lambda phase: record_function(f"canary.{phase}"))
-    per_phase = {p: collections.Counter() for p in PHASES}
+    CLOCK.profiling = True
+    try:
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                case.step()
+    finally:
+        CLOCK.profiling = False
+    per_phase = collections.defaultdict(collections.Counter)
     for ev in prof.events():
         phase = _phase_of(ev)
-        if phase in per_phase and _top_level(ev):
+        if phase is not None and _top_level(ev):
             per_phase[phase][ev.name] += 1
-    out = {}
-    for phase, names in per_phase.items():
-        out[phase] = {
+    return {
+        phase: {
             "aten_ops": sum(names.values()) / steps,
             # Each of these is a kernel launch or a copy when its tensors are on a GPU.
             "work_ops": sum(v for k, v in names.items() if k not in METADATA_OPS) / steps,
             "by_name": {k: v / steps for k, v in sorted(names.items())},
         }
-    if case.device == "cuda":
-        # Device activity is attributed to the step window as a whole (launches are asynchronous).
-        kinds = collections.Counter()
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                name = ev.name
-                kinds["memcpy_h2d" if "HtoD" in name else "memcpy_d2h" if "DtoH" in name else "kernels"] += 1
-        out["device_per_step_incl_model"] = {k: v / steps for k, v in kinds.items()}
-    return out
+        for phase, names in per_phase.items()
+    }
 
 
-def run_case(bs, tokens, subs, steps, warmup, profile_steps, device):
-    case = Case(bs, tokens, subs, steps + warmup + profile_steps, device)
-    for _ in range(warmup):
-        case.step()
-    pre, post = [], []
-    for _ in range(steps):
-        a, b = case.step()
-        pre.append(a)
-        post.append(b)
-    ops = count_ops(case, profile_steps)
-    found = case.manager.flush()
-    if found:
-        raise RuntimeError(f"the clean benchmark run reported {len(found)} violations")
-    us = lambda xs: round(statistics.median(xs) * 1e6, 1)  # noqa: E731
-    total = [a + b for a, b in zip(pre, post)]
-    return dict(
-        bs=bs, token_check=tokens, sub_forwards=subs, steps=steps,
-        pre_us_median=us(pre), post_us_median=us(post), total_us_median=us(total),
-        total_us_p10=round(sorted(total)[len(total) // 10] * 1e6, 1),
-        pre_aten_ops=ops["pre"]["aten_ops"], post_aten_ops=ops["post"]["aten_ops"],
-        pre_work_ops=ops["pre"]["work_ops"], post_work_ops=ops["post"]["work_ops"],
-        ops=ops,
-    )
+def run_case(module, bs, subs, steps, warmup, profile_steps, device):
+    us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
+    row = dict(bs=bs, sub_forwards=subs, steps=steps)
+    for canary in (False, True):
+        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device)
+        for _ in range(warmup):
+            case.step()
+        sites, sample, bracket = [], [], []
+        for _ in range(steps):
+            a, b, c = case.step()
+            sites.append(a)
+            sample.append(b)
+            bracket.append(c)
+        key = "on" if canary else "off"
+        row[f"{key}_sites_us"] = us(sites)
+        if canary:
+            total = [a + b for a, b in zip(sites, sample)]
+            row.update(on_sample_us=us(sample), on_total_us=us(total),
+                       on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
+                       on_bracket_us=us(bracket), ops=count_ops(case, profile_steps))
+            found = [v for m in case.managers for v in m.flush()]
+            if found:
+                raise RuntimeError(f"the clean benchmark run reported {len(found)} violations: {found[0].format()}")
+        del case
+    row["added_us"] = round(row["on_total_us"] - row["off_sites_us"], 2)
+    return row
 
 
 def markdown(rows) -> str:
     lines = [
-        "| bs | token check | sub-forwards | pre (us) | post (us) | total (us, median) | total p10 (us) | aten ops pre / post | of which kernel or copy, pre / post |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| bs | sub-forwards | off: sites (us) | on: sites (us) | on: sampler wrap (us) | on: total (us, median) | "
+        "on: total p90 (us) | added by the canary (us) | aten ops in the phases (of which kernel or copy) | "
+        "bracket in eager forwards (us, not in the total) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        aten = sum(p["aten_ops"] for name, p in r["ops"].items() if name != "bracket")
+        work = sum(p["work_ops"] for name, p in r["ops"].items() if name != "bracket")
         lines.append(
-            f"| {r['bs']} | {'on' if r['token_check'] else 'off'} | {r['sub_forwards']} | {r['pre_us_median']} | "
-            f"{r['post_us_median']} | {r['total_us_median']} | {r['total_us_p10']} | "
-            f"{r['pre_aten_ops']:g} / {r['post_aten_ops']:g} | {r['pre_work_ops']:g} / {r['post_work_ops']:g} |"
+            f"| {r['bs']} | {r['sub_forwards']} | {r['off_sites_us']} | {r['on_sites_us']} | {r['on_sample_us']} | "
+            f"{r['on_total_us']} | {r['on_total_p90_us']} | **{r['added_us']}** | {aten:g} ({work:g}) | "
+            f"{r['on_bracket_us']} |"
         )
     return "\n".join(lines)
 
@@ -193,36 +276,45 @@ def markdown(rows) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bs", type=int, nargs="+", default=[8, 64, 256])
-    parser.add_argument("--steps", type=int, default=300, help="timed decode steps per case")
+    parser.add_argument("--subs", type=int, nargs="+", default=[1, 3],
+                        help="sub-forwards per decode step: 1 = plain decode, k > 1 = EAGLE with k draft forwards")
+    parser.add_argument("--steps", type=int, default=500, help="timed decode steps per case")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--profile-steps", type=int, default=20)
-    parser.add_argument("--draft-subs", type=int, default=3, help="also run bs 64 with this many sub-forwards (0: skip)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here (and .md beside it)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    cases = [(bs, tok, 1) for bs in args.bs for tok in (True, False)]
-    if args.draft_subs > 1:
-        cases += [(64, True, args.draft_subs)]
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    matrix.quiet_canary_log()
+    root = Path(tempfile.mkdtemp(prefix="canary-step-overhead-")) / "engine"
+    engine_copy.copy_engine(root)
+    engine_copy.instrument(root)
+    module = engine_copy.import_engine(root)
+    if _time_sites(module) < 4:
+        raise RuntimeError("fewer wired classes than expected: is the engine copy instrumented?")
     rows = []
-    for bs, tok, subs in cases:
-        row = run_case(bs, tok, subs, args.steps, args.warmup, args.profile_steps, args.device)
-        rows.append(row)
-        print(markdown([row]).splitlines()[-1], flush=True)
+    for subs in args.subs:
+        for bs in args.bs:
+            row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device)
+            rows.append(row)
+            print(markdown([row]).splitlines()[-1], flush=True)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
     meta = dict(
-        device=args.device, torch=torch.__version__, python=platform.python_version(),
-        cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
-        loadavg=os.getloadavg(), command=" ".join(sys.argv),
+        device=args.device, device_name=device_name, torch=torch.__version__, python=platform.python_version(),
+        cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
+        time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
     table = markdown(rows)
     print(table)
     for r in rows:
-        for phase in PHASES:
-            print(f"bs={r['bs']} tokens={r['token_check']} subs={r['sub_forwards']} {phase}: {r['ops'][phase]['by_name']}")
+        for phase, ops in r["ops"].items():
+            print(f"bs={r['bs']} subs={r['sub_forwards']} {phase}: {ops['by_name']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-        args.out.with_suffix(".md").write_text(table + "\n")
+        args.out.with_suffix(".md").write_text(f"Machine: {device_name} ({args.device}), torch {torch.__version__}; "
+                                               f"`{meta['command']}`\n\n{table}\n")
 
 
 if __name__ == "__main__":

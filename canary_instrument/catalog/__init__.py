@@ -7,6 +7,7 @@ from canary_instrument.catalog.model import (
     Catalog,
     CatalogError,
     Hook,
+    KvForward,
     Location,
     Manager,
     ModelRunnerShape,
@@ -17,7 +18,7 @@ from canary_instrument.catalog.model import (
 )
 
 __all__ = [
-    "BUNDLED", "EVIDENCE", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "Location", "Manager",
+    "BUNDLED", "EVIDENCE", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "KvForward", "Location", "Manager",
     "ModelRunnerShape", "Site",
     "Trigger", "build_catalog", "call_matches", "find_pyproject", "load_catalog", "path_matches",
 ]

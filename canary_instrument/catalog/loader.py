@@ -15,9 +15,11 @@ from typing import Any
 
 from canary_instrument.catalog.model import (
     EVIDENCE,
+    TRIGGER_KINDS,
     Catalog,
     CatalogError,
     Hook,
+    KvForward,
     Location,
     Manager,
     ModelRunnerShape,
@@ -82,7 +84,7 @@ def _read_toml(path: Path) -> dict:
 
 _TOP_KEYS = {
     "default", "runtime_module", "member", "placeholder_factory", "managers", "sites", "hooks",
-    "triggers", "extend_triggers", "exclude", "catalog", "null_contexts", "model_runner",
+    "triggers", "extend_triggers", "exclude", "catalog", "null_contexts", "model_runner", "kv_forward",
 }
 _SITE_KEYS = {
     "role", "placeholder", "shape", "calls", "wiring", "item", "loop", "candidates", "extend_candidates",
@@ -96,6 +98,8 @@ _SHAPES = ("wrap", "with_item", "argument")
 _PLACES = ("after_assign", "after_capture")
 _SCOPES = ("model_runner", "holder", "manager")
 _LOCATION_KEYS = {"path", "classes", "methods", "manager"}
+_TRIGGER_KEYS = {"calls", "what", "kind"}
+_KV_FORWARD_KEYS = {"methods", "batch_types", "batch_names"}
 
 
 def _check_layer(source: str, raw: dict) -> None:
@@ -115,6 +119,21 @@ def _check_layer(source: str, raw: dict) -> None:
             if field not in _MODEL_RUNNER_KEYS:
                 raise CatalogError(
                     f"{source}: model_runner.{field}: unknown field (known: {', '.join(sorted(_MODEL_RUNNER_KEYS))})"
+                )
+    for key in ("triggers", "extend_triggers"):
+        for index, entry in enumerate(raw.get(key, [])):
+            for field in entry:
+                if field not in _TRIGGER_KEYS:
+                    raise CatalogError(
+                        f"{source}: {key}[{index}].{field}: unknown field (known: {', '.join(sorted(_TRIGGER_KEYS))})"
+                    )
+    if "kv_forward" in raw:
+        if not isinstance(raw["kv_forward"], dict):
+            raise CatalogError(f"{source}: kv_forward: expected a table [kv_forward]")
+        for field in raw["kv_forward"]:
+            if field not in _KV_FORWARD_KEYS:
+                raise CatalogError(
+                    f"{source}: kv_forward.{field}: unknown field (known: {', '.join(sorted(_KV_FORWARD_KEYS))})"
                 )
     if "managers" in raw and not (
         isinstance(raw["managers"], dict) and all(isinstance(v, dict) for v in raw["managers"].values())
@@ -145,11 +164,10 @@ def _overlay(base: dict, layer: dict) -> dict:
     for key, value in layer.items():
         if key in ("default",):
             continue
-        if key in ("managers", "model_runner"):
+        if key in ("kv_forward", "model_runner"):
+            merged[key] = {**merged.get(key, {}), **copy.deepcopy(value)}
+        elif key == "managers":
             tables = merged.setdefault(key, {})
-            if key == "model_runner":
-                tables.update(copy.deepcopy(value))
-                continue
             for name, fields in value.items():
                 tables[name] = {**tables.get(name, {}), **fields}
         elif key in ("sites", "hooks"):
@@ -331,12 +349,24 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
 
     triggers = []
     for index, entry in enumerate(raw.get("triggers", [])):
+        kind = entry.get("kind", "forward")
+        if kind not in TRIGGER_KINDS:
+            raise CatalogError(
+                f"{source}: triggers[{index}].kind: expected one of {', '.join(TRIGGER_KINDS)}, got {kind!r}"
+            )
         triggers.append(
             Trigger(
                 calls=strings(entry.get("calls"), f"triggers[{index}].calls"),
                 what=string(entry.get("what", "forward path"), f"triggers[{index}].what"),
+                kind=kind,
             )
         )
+    kv_raw = raw.get("kv_forward", {})
+    defaults = KvForward()
+    kv_forward = KvForward(**{
+        name: strings(kv_raw[name], f"kv_forward.{name}") if name in kv_raw else getattr(defaults, name)
+        for name in _KV_FORWARD_KEYS
+    })
 
     exclude = raw.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
@@ -354,4 +384,5 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         sources=sources,
         null_contexts=null_contexts,
         model_runner=model_runner,
+        kv_forward=kv_forward,
     )

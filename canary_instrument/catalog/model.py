@@ -121,12 +121,30 @@ class Hook:
     candidates: tuple[Location, ...] = ()
 
 
+TRIGGER_KINDS = ("forward", "graph")
+
+
 @dataclass(frozen=True)
 class Trigger:
-    """Calls that are forward paths: check flags them in classes no site covers."""
+    """Calls that are forward paths: check flags those reachable outside every catalogued site.
+
+    `kind` "forward": the call is itself a KV-reading forward. "graph": a graph capture or replay,
+    flagged only when the captured or replayed code reaches a KV-reading forward.
+    """
 
     calls: tuple[str, ...]
     what: str
+    kind: str = "forward"
+
+
+@dataclass(frozen=True)
+class KvForward:
+    """What makes a call a KV-reading forward by shape: a method matching `methods` given a forward batch,
+    i.e. an argument annotated with one of `batch_types` or named one of `batch_names`."""
+
+    methods: tuple[str, ...] = ("forward*",)
+    batch_types: tuple[str, ...] = ("ForwardBatch",)
+    batch_names: tuple[str, ...] = ("forward_batch",)
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,7 @@ class Catalog:
     sources: tuple[str, ...]
     null_contexts: tuple[str, ...] = ("nullcontext", "empty_context")
     model_runner: ModelRunnerShape = ModelRunnerShape()
+    kv_forward: KvForward = KvForward()
 
     @property
     def placeholder_names(self) -> frozenset[str]:

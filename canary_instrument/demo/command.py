@@ -140,8 +140,9 @@ def _cell(trials) -> str:
 def _print_matrix(variants, results):
     click.secho("\n3. Fault matrix: steps from the corruption to its report, with the reason "
                 "(+ = other trials saw another expected reason)", bold=True)
-    click.echo("   A corruption made after step N is first read by step N+1's forward (+1); a token swap or a\n"
-               "   draft offset is made while a step's batch is built and is caught in that step (+0).")
+    click.echo("   A corruption made after step N is first read by step N+1's forward (+1). A token swap is made while\n"
+               "   a step's batch is built and is caught in that step (+0). A draft offset is caught when the draft's\n"
+               "   rows are next compared with the target's, i.e. by the draft's forwards of the next step (+1) or later.")
     width = 16
     click.echo("   " + f"{'fault':<34}" + "".join(f"{v.label:<{width}}" for v in variants))
     for fault in FAULTS.values():
@@ -159,16 +160,30 @@ def _print_matrix(variants, results):
 
 
 def _print_overhead(module, layouts):
-    from canary_instrument.demo.overhead import measure_overhead
+    from canary_instrument.demo.overhead import committed_gpu_overhead, measure_overhead
 
     click.secho("\n4. Canary overhead: median decode step, canary off vs on (log, real-KV partial)", bold=True)
+    devices = set()
     for layout in layouts:
         o = measure_overhead(module, layout)
+        devices.add(o.device)
         click.echo(f"   {layout:<4} off {o.off_ms:7.2f} ms   on {o.on_ms:7.2f} ms   ({o.percent:+.0f} %, "
-                   f"{o.decode_steps} decode steps, {o.backend} backend, {o.violations} violations)")
-    click.echo("   The demo engine is tiny (64-wide, 2 layers): its step is mostly launch and Python overhead, so the\n"
-               "   relative cost here is far above that of a serving-sized step. bench/engine/results/overhead.md\n"
-               "   measures a Llama-3-8B-shaped KV on a GPU with CUDA graphs.")
+                   f"{o.decode_steps} decode steps, {o.backend} backend, {o.device}, {o.violations} violations)")
+    if devices == {"cpu"}:
+        click.echo("   This is a toy step: a 64-wide, 2-layer model run eagerly on this CPU, with the canary's torch\n"
+                   "   reference kernels executing on the CPU too. It says nothing about a serving step on a GPU.")
+    else:
+        click.echo("   The demo engine is tiny (64-wide, 2 layers): its step is mostly launch overhead, so the relative\n"
+                   "   cost here is far above that of a serving-sized step.")
+    gpu = committed_gpu_overhead()
+    if gpu is None:
+        click.echo("   The GPU figure (Llama-3-8B-shaped engine, CUDA graphs) is in bench/engine/results/overhead.md of the\n"
+                   "   source repository.")
+        return
+    click.echo(f"   Committed GPU figure ({gpu.device}, Llama-3-8B-shaped KV, CUDA graphs, "
+               "bench/engine/results/overhead.md):")
+    for line in gpu.lines():
+        click.echo(f"     {line}")
 
 
 def _summary(cleans, results) -> bool:

@@ -1,11 +1,15 @@
-"""Decode-step time of the same workload with the canary off and on, measured side by side."""
+"""Decode-step time of the same workload with the canary off and on, measured side by side,
+and the committed GPU figure (bench/engine/results/overhead.json) to read it against."""
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 from canary_instrument.demo.matrix import ENGINE_DEFAULTS
 from canary_instrument.demo.workload import Workload
@@ -19,6 +23,7 @@ class Overhead:
     on_ms: float  # median decode step, canary on (log mode, the configured real-KV mode)
     backend: str
     violations: int  # reported by the canary-on engine during the measurement (must be 0)
+    device: str  # where the engine ran: "cpu" means the toy model's eager step, not a serving step
 
     @property
     def percent(self) -> float:
@@ -85,4 +90,31 @@ def measure_overhead(
         on_ms=1000 * statistics.median(on_times),
         backend=backend,
         violations=violations,
+        device=str(on.model_runner.device),
     )
+
+
+# The engine benchmark's committed result, in a source checkout (an installed package has no bench/).
+COMMITTED_GPU_RESULT = Path(__file__).resolve().parents[2] / "bench" / "engine" / "results" / "overhead.json"
+
+
+@dataclass(frozen=True)
+class CommittedOverhead:
+    """The committed end-to-end figure: canary cost per decode step of a Llama-3-8B-shaped engine on a GPU."""
+
+    device: str
+    rows: list  # (requests, context, step off ms, canary ms, % of the step)
+
+    def lines(self) -> list[str]:
+        return [f"{b} x {c}: step {off:.2f} ms, canary +{ms:.3f} ms ({pct:.1f} %)" for b, c, off, ms, pct in self.rows]
+
+
+def committed_gpu_overhead(path: Path = COMMITTED_GPU_RESULT) -> Optional[CommittedOverhead]:
+    """The GPU figure committed under bench/engine/results, or None when it is not there."""
+    try:
+        data = json.loads(path.read_text())
+        rows = [(r["batch"], r["context"], r["off_ms"], r["canary_ms"], r["overhead_percent_of_step"])
+                for r in data["rows"]]
+        return CommittedOverhead(device=data["device"], rows=rows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,21 +1,35 @@
 """check: the pre-commit gate. Every site holds a placeholder or its wiring, nothing stray, nothing half-wired,
-no forward path in a class that no site covers. Standard library only (no libcst), candidate files only.
+no forward path that runs outside every catalogued site. Standard library only (no libcst), candidate files only.
 
 Work is split in two: `file_report` turns one parsed file into a picklable `FileReport` (no AST
-objects, so a cache can keep it), and `tree_findings` applies the rules that need the whole tree
-(wiring is all-or-nothing across files) to the reports.
+objects, so a cache can keep it), and the tree pass applies the rules that need the whole tree
+(wiring is all-or-nothing across files; CI301 follows calls between files) to the reports.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite import findings as codes
-from canary_instrument.rewrite.files import SourceError
+from canary_instrument.rewrite.cache import CheckCache, content_hash
+from canary_instrument.rewrite.callgraph import CallGraph
+from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, candidates, load, screen_round_trip
+from canary_instrument.rewrite.locate import analyse
+from canary_instrument.rewrite.parallel import map_two
+from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
+from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
+from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
+
+# cache.extra (hashes of files' paths and content hashes):
+_EXPANSION = "expansion"  # (candidate files, what the caller search looked for, the files it found)
+_UNCOVERED = "uncovered"  # (every analysed file, CI301's findings)
+_RESULT = "result"  # (every file, findings, file errors, files analysed)
 
 
 @dataclass
@@ -29,23 +43,232 @@ class FileReport:
     wired: bool = False  # a site in this file holds generated wiring
     roles_expected: set[str] = field(default_factory=set)  # roles with a candidate location at this path
     roles_located: set[str] = field(default_factory=set)  # roles whose site or hook is in this file
+    reach: ReachFacts | None = None  # CI301's facts: functions, calls, triggers (None: not in the call graph)
 
 
-def check_tree(paths, catalog: Catalog) -> RunResult:
+def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
     result = RunResult()
-    reports: list[FileReport] = []
-    for path in candidates(paths, catalog, result):
-        try:
-            parsed = load(path, catalog)
-            if parsed.analysis.sites or parsed.analysis.hooks:
-                screen_round_trip(parsed)
-            reports.append(file_report(parsed, catalog))
-        except SourceError as error:
-            result.errors.append(error)
-    result.files_analysed = len(reports)
-    result.findings.extend(tree_findings(reports))
-    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    scan = _Scan(catalog, result, cache)
+    files = []
+    for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
+        if isinstance(item, SourceError):
+            result.errors.append(item)
+        else:
+            files.append((item, st))
+    result.files_seen = len(files)
+    scan.files(files)
+    if scan.memo is not None:  # no file changed since the cache's run: its outcome is this one's
+        _, findings, errors, result.files_analysed = scan.memo
+        result.errors.extend(errors)
+        result.findings.extend(findings)
+    else:
+        scan.expand()
+        reports = {key: r for key, r in scan.reports.items() if r is not None}
+        result.files_analysed = len(reports)
+        result.findings.extend(tree_findings([r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]))
+        result.findings.extend(scan.uncovered(reports))
+        result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+        result.errors.extend(scan.errors)
+        if scan.cache is not None:
+            scan.cache.set_extra(_RESULT, (
+                scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
+            ))
+    if scan.cache is not None:
+        scan.cache.retain(scan.seen.keys())
+        scan.cache.save()
     return result
+
+
+class _Scan:
+    """One pass over the tree's files: what each needs, its report, and the callers CI301 needs."""
+
+    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None) -> None:
+        self.catalog = catalog
+        self.result = result
+        self.cache = cache if cache is not None and cache.enabled else None
+        self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
+        self.needs: dict[str, int] = {}
+        self.seen: dict[str, bytes] = {}  # every file -> its content hash
+        self.others: list[tuple[str, os.stat_result]] = []  # files nothing needed (yet)
+        self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
+        self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
+        self.errors: list[SourceError] = []  # files that could not be analysed
+        self.memo: tuple | None = None  # the cache's outcome, when no file changed since
+        self.changed: set[str] = set()  # files whose content is not what the cache knew
+        self._fingerprint: bytes | None = None
+        self.graph: CallGraph | None = None  # the call graph of all analysed files, once expand built it
+
+    @cached_property
+    def prefilter(self) -> Prefilter:
+        return Prefilter(self.catalog)  # its regexes cost more than a warm run's other work
+
+    def files(self, files: list[tuple[str, os.stat_result | None]]) -> None:
+        """Examine every file (on two cores when many must be read) and record the outcomes in order."""
+        cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
+        todo = [i for i, entry in enumerate(cached) if entry is None]
+        # Reading and scanning costs by size; parsing and analysing a file at a catalog location
+        # (the largest files of the tree) several times that.
+        weights = [
+            (files[i][1].st_size if files[i][1] is not None else 0) * (8 if self.prefilter.path_matches(
+                files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
+            for i in todo
+        ]
+        if not todo and self.cache is not None:
+            self.seen = {path: entry[3] for (path, _), entry in zip(files, cached)}
+            memo = self.cache.extra.get(_RESULT)
+            if memo is not None and memo[0] == self.fingerprint():
+                self.memo = memo
+                return
+        for i, outcome in zip(todo, map_two(lambda i: self.examine(*files[i]), todo, weights)):
+            cached[i] = outcome
+        for (path, st), entry in zip(files, cached):
+            self.record(path, st, entry)
+
+    def fingerprint(self) -> bytes | None:
+        """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
+        if self._fingerprint is None and self.cache is not None:
+            self._fingerprint = self._digest(self.seen)
+        return self._fingerprint
+
+    def _digest(self, keys) -> bytes:
+        return content_hash(b"".join(k.encode() + b"\0" + self.seen.get(k, b"") for k in sorted(keys)))
+
+    def examine(self, key: str, st) -> tuple:
+        """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
+        path = Path(key)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return (None, None, None, b"", SITES | REACH, self.analyse(path, None, SITES | REACH))
+        digest = content_hash(data) if self.cache is not None else b""
+        entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
+        if entry is not None:
+            return ("same", None, None, digest, entry[4], entry[5])  # touched, not changed
+        needs = self.prefilter.needs(key if os.sep == "/" else path.as_posix(), data)
+        if not needs:
+            self.data[key] = data  # for the caller search (in a forked child, simply dropped)
+        return (None, None, None, digest, needs, self.analyse(path, data, needs) if needs else None)
+
+    def record(self, key: str, st, entry: tuple) -> None:
+        digest, needs, payload = entry[3], entry[4], entry[5]
+        if entry[0] is None:
+            self.changed.add(key)
+        if self.cache is not None and st is not None and entry[0] in (None, "same") and digest:
+            self.cache.store(key, st, digest, needs, payload)
+        self.seen[key] = digest
+        self.needs[key] = needs
+        if needs:
+            payload = CheckCache.payload(payload)
+        if isinstance(payload, SourceError):
+            self.errors.append(payload)
+            self.reports[key] = None
+        elif needs:
+            self.reports[key] = payload
+        else:
+            self.others.append((key, st))
+            if payload is not None:
+                self.kept[key] = payload
+
+    def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
+        try:
+            # A file at a catalog location is always read and parsed, so that a bad one is reported
+            # (exit 2) even when it holds nothing the rules look at.
+            source = read_source(path) if data is None else decode_source(path, data)
+            tree = parse_source(source)
+            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
+                return FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
+            lines = split_lines(source.text)
+            spans = []
+            if needs & SITES:
+                parsed = ParsedFile(source, tree, lines, analyse(path, tree, self.catalog, lines))
+                if parsed.analysis.sites or parsed.analysis.hooks:
+                    screen_round_trip(parsed)
+                report = file_report(parsed, self.catalog)
+                spans = site_spans(parsed.analysis)
+            else:
+                report = FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
+            if needs & REACH and self.catalog.triggers:
+                report.reach = reach_facts(path, tree, lines, spans, self.catalog)
+            return report
+        except SourceError as error:
+            return error
+
+    def _roles(self, path: Path) -> set[str]:
+        """The roles with a candidate location at this path (what locate reports as expected there)."""
+        posix = path.as_posix()
+        return {entry.role for entry, location in self.catalog.locations() if location.matches_path(posix)}
+
+    def _bytes(self, key: str) -> bytes:
+        data = self.data.get(key)
+        if data is None:
+            try:
+                with open(key, "rb") as handle:
+                    data = self.data[key] = handle.read()
+            except OSError:
+                data = b""
+        return data
+
+    def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
+        """CI301's findings; those of the cache's run when no file changed since (the call graph is
+        the largest part of a warm run)."""
+        analysed = self._digest(self.reports) if self.cache is not None else None  # all CI301 reads
+        memo = self.cache.extra.get(_UNCOVERED) if self.cache is not None else None
+        if memo is not None and memo[0] == analysed:
+            return list(memo[1])
+        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+        graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
+        found = uncovered_findings(files, self.catalog, graph)
+        if self.cache is not None:
+            self.cache.set_extra(_UNCOVERED, (analysed, tuple(found)))
+        return found
+
+    def expand(self) -> None:
+        """Bring in the files that may call a function on an uncovered forward path, until none is left.
+
+        The call graph of the analysed files says which functions matter; a byte search of the other
+        files finds their callers (`CallerSearch`). While the candidate files and the files that search
+        found are those of the cache's run, so is the outcome, unless a changed file matches one of
+        the names that run searched for: then only the changed files are read."""
+        if not self.catalog.triggers:
+            return
+        candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
+        memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
+        if memo is not None and memo[0] == candidates and all(k in self.kept and k not in self.changed for k in memo[2]):
+            changed = [key for key, _ in self.others if key in self.changed and key not in memo[2]]
+            if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
+                for key in memo[2]:
+                    self.reports[key] = CheckCache.payload(self.kept[key])
+                return
+        searched: set = set()
+        found_keys: list[str] = []
+        search = None
+        while True:
+            graph = self.graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
+            wanted = callers_wanted(graph) - searched
+            if not wanted or not self.others:
+                break
+            searched |= wanted
+            if search is None:
+                others = self.others
+                search = CallerSearch([self._bytes(path) for path, _ in others])
+                taken: set[int] = set()
+            hits = sorted(search.find(wanted) - taken)
+            taken.update(hits)
+            for index in hits:
+                key, st = others[index]
+                report = CheckCache.payload(self.kept.get(key))
+                if report is None:
+                    report = self.analyse(Path(key), self.data.get(key), REACH)
+                    if isinstance(report, SourceError):
+                        continue  # found only by this search, not a candidate: its errors are not check's
+                    if self.cache is not None and st is not None and key in self.seen:
+                        self.cache.store(key, st, self.seen[key], 0, report)
+                self.reports[key] = report
+                found_keys.append(key)
+        if self.cache is not None:
+            self.cache.set_extra(_EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
 
 
 def tree_findings(reports: list[FileReport]) -> list[Finding]:
@@ -192,4 +415,3 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             "a class no catalogued site covers; add a site for it to the catalog",
         ))
     return report
-

@@ -42,6 +42,7 @@ SKIPPED_DIRS = frozenset(
         ".mypy_cache",
         ".pytest_cache",
         ".ruff_cache",
+        ".canary-instrument-cache",
     }
 )
 
@@ -109,7 +110,11 @@ def read_source(path) -> SourceFile:
         data = path.read_bytes()
     except OSError as exc:
         raise _os_error(path, exc, "cannot read file") from exc
+    return decode_source(path, data)
 
+
+def decode_source(path: Path, data: bytes) -> SourceFile:
+    """`read_source` for bytes already read (check reads every file once, for its byte scan)."""
     nul = data.find(b"\0")
     if nul >= 0:
         line, col = _position(data, nul, "latin-1")
@@ -149,7 +154,15 @@ def _excluded(name: str, relative: str, exclude: tuple[str, ...]) -> bool:
 
 
 def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[Path | SourceError]:
-    """Yield the `.py` files under `paths` in sorted order, and a SourceError for each bad entry.
+    """Yield the `.py` files under `paths` in sorted order, and a SourceError for each bad entry
+    (`python_files` without the stat results)."""
+    for item, _ in python_files(paths, exclude):
+        yield Path(item) if isinstance(item, str) else item
+
+
+def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[str | SourceError, os.stat_result | None]]:
+    """The `.py` files under `paths` in sorted order as path strings (a Path per file costs more than
+    the walk's system calls on a large tree), each with its stat result (None for an error).
 
     Directories in SKIPPED_DIRS and entries matching an `exclude` glob (against the name or the
     POSIX path relative to the given root) are skipped. Symlinked directories are followed once;
@@ -158,7 +171,7 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
     yielded once even when reachable through several links.
     """
     exclude = tuple(exclude)
-    found: list[tuple[str, Path | SourceError]] = []
+    found: list[tuple[str, str | SourceError, os.stat_result | None]] = []
     seen_files: set[tuple[int, int]] = set()
     seen_dirs: set[tuple[int, int]] = set()
 
@@ -166,10 +179,10 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
         key = (st.st_dev, st.st_ino)
         if key not in seen_files:
             seen_files.add(key)
-            found.append((path, Path(path)))
+            found.append((path, path, st))
 
     def error(path: str, exc: OSError) -> None:
-        found.append((path, _os_error(Path(path), exc)))
+        found.append((path, _os_error(Path(path), exc), None))
 
     # Plain strings, not Path objects, while walking: pathlib costs more than the syscalls here.
     def walk(directory: str, relative: str, ancestors: tuple[tuple[int, int], ...]) -> None:
@@ -184,6 +197,7 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
                         Path(directory), 1, 1, UNREADABLE,
                         f"cannot list directory: {exc.strerror or exc}",
                     ),
+                    None,
                 )
             )
             return
@@ -206,7 +220,7 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
                     continue
                 key = (st.st_dev, st.st_ino)
                 if key in ancestors:
-                    found.append((entry.path, _loop_error(Path(entry.path))))
+                    found.append((entry.path, _loop_error(Path(entry.path)), None))
                 elif key not in seen_dirs:
                     seen_dirs.add(key)
                     walk(entry.path, rel + "/", ancestors + (key,))
@@ -235,8 +249,7 @@ def iter_python_files(paths: Iterable, exclude: Iterable[str] = ()) -> Iterator[
             add_file(given, st)
 
     found.sort(key=lambda item: item[0])
-    for _, item in found:
-        yield item
+    return [(item, st) for _, item, st in found]
 
 
 def _loop_error(path: Path) -> SourceError:

@@ -35,12 +35,13 @@ from canary_instrument.rewrite.shapes import (
     local_aliases,
     loop_index,
     same_code,
+    statements,
     walk_blocks,
 )
 
 __all__ = [
-    "MEMBER_MARKER", "FileAnalysis", "HookMatch", "Imports", "MemberInfo", "Problem", "SiteMatch", "Uncovered",
-    "analyse", "call_names", "child_blocks", "dotted_name", "iter_calls", "same_code",
+    "MEMBER_MARKER", "FileAnalysis", "HookMatch", "Imports", "MemberInfo", "Problem", "SiteMatch",
+    "analyse", "call_names", "child_blocks", "dotted_name", "iter_calls", "same_code", "statements",
 ]
 
 MEMBER_MARKER = "# canary-instrument: generated; `canary-instrument revert` removes it"
@@ -177,14 +178,6 @@ class Problem:
 
 
 @dataclass
-class Uncovered:
-    call: ast.Call
-    name: str
-    what: str
-    class_name: str
-
-
-@dataclass
 class FileAnalysis:
     path: Path
     tree: ast.Module
@@ -193,7 +186,6 @@ class FileAnalysis:
     hooks: list[HookMatch] = field(default_factory=list)
     members: list[MemberInfo] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    uncovered: list[Uncovered] = field(default_factory=list)
     roles_expected: set[str] = field(default_factory=set)  # roles with a location hint at this path
     manager_conflicts: list[tuple[ast.ClassDef, str, str]] = field(default_factory=list)
 
@@ -275,13 +267,11 @@ class _Facts:
 
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
-    from canary_instrument.rewrite.reach import find_uncovered
-
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
     facts = _Facts()
-    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
     names = catalog.placeholder_names
 
     def canary(name: str) -> bool:
@@ -298,7 +288,6 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
         if any(location.matches_path(posix) for location in hook.candidates):
             result.roles_expected.add(hook.role)
     _collect_members(result, catalog, lines)
-    find_uncovered(result, classes, catalog)
     return result
 
 

@@ -1,25 +1,42 @@
-"""Decide from a path and raw bytes alone whether a file needs parsing (what keeps `check` fast)."""
+"""Decide from a path and raw bytes alone what a file needs: site analysis, reach facts, or nothing.
+
+This runs on every file of the tree, so it is one `bytes.find` per rare word, and a regex only on
+the few files that hold one (each regex starts with a literal, so it cannot backtrack across a
+long line).
+"""
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from bisect import bisect_right
 
 from canary_instrument.catalog import Catalog
+from canary_instrument.rewrite.naming import receiver_fits
+from canary_instrument.rewrite.parallel import map_two
+
+SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
+REACH = 2  # a trigger call: the file's functions join CI301's call graph
+ROLES = 4  # a catalog location: the roles expected there (CI102), even with nothing else to analyse
+
+_STRAY = re.compile(rb"canary\w*_ctx")  # what locate's stray rule calls canary-named
 
 
-def prefilter_words(catalog: Catalog) -> list[bytes]:
-    """Byte strings at least one of which a file must contain to need analysis beyond its path.
+def _literal_fragments(pattern: str) -> list[str]:
+    return [f for f in re.split(r"[*?\[\]]", pattern) if f.strip(".")]
 
-    One `bytes.find` pass per word dominates `check` on a large tree, so words that share a
-    long substring (`graph_runner`, `draft_runner.forward` -> `_runner`) are merged into it.
-    """
-    words = {"canary"}  # covers every canary-named placeholder and the runtime imports
-    words |= {name for name in catalog.placeholder_names if "canary" not in name}
-    for trigger in catalog.triggers:
-        for pattern in trigger.calls:
-            fragments = [f.strip(".") for f in re.split(r"[*?\[\]]", pattern)]
-            words.add(max(fragments, key=len))
+
+def _name_regex(patterns: list[str]) -> str:
+    """An alternation matching identifiers that match any of the shell-style name `patterns`."""
+    return "|".join(
+        "".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in pattern) for pattern in patterns
+    ) or "(?!)"
+
+
+def _merge_literals(literals: set[str]) -> set[str]:
+    """Fewer literals for the byte scan: two that share a substring as specific as an identifier
+    part (6+ characters with `_` or `.`, e.g. `_runner`) become that substring."""
+    words = set(literals)
     merged = True
     while merged:
         merged = False
@@ -27,7 +44,6 @@ def prefilter_words(catalog: Catalog) -> list[bytes]:
         for index, first in enumerate(ordered):
             for second in ordered[index + 1 :]:
                 common = _longest_common_substring(first, second)
-                # Only a substring as specific as an identifier part (`_runner`), not `forward`.
                 if len(common) >= 6 and ("_" in common or "." in common):
                     words -= {first, second}
                     words.add(common)
@@ -35,7 +51,7 @@ def prefilter_words(catalog: Catalog) -> list[bytes]:
                     break
             if merged:
                 break
-    return sorted(w.encode() for w in words)
+    return words
 
 
 def _longest_common_substring(first: str, second: str) -> str:
@@ -49,17 +65,25 @@ def _longest_common_substring(first: str, second: str) -> str:
     return best
 
 
-def call_regex(pattern: str) -> bytes:
-    """A regex over source bytes that every call matching the catalog call `pattern` satisfies."""
-    parts = []
-    for component in pattern.split("."):
-        parts.append("".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in component))
-    body = r"\s*\.\s*".join(parts)
-    return (rb"(?<![\w])" if not pattern.startswith("*") else b"") + body.encode() + rb"\s*\("
+def trigger_regex(pattern: str) -> bytes:
+    """A regex that every mention of a call matching catalog pattern `pattern` satisfies.
+
+    Starts at the first literal character (a leading `*` needs no regex: search finds the rest) and
+    lets dots have spaces around them; `code_use` then tells a call (or a callable passed on or
+    aliased) from a mention in a comment or a docstring.
+    """
+    body = pattern.lstrip("*")
+    out = []
+    for component in body.split("."):
+        out.append("".join(r"\w*" if ch == "*" else r"\w" if ch == "?" else re.escape(ch) for ch in component))
+    regex = r"\s*\.\s*".join(out)
+    if not pattern.startswith("*"):
+        regex = r"(?<![\w])" + regex
+    return (regex + r"(?!\w)").encode()
 
 
 class Prefilter:
-    """Decides from a path and raw bytes alone whether a file needs parsing."""
+    """What a file needs, from its path and bytes."""
 
     def __init__(self, catalog: Catalog) -> None:
         patterns = {location.path for _, location in catalog.locations()}
@@ -68,17 +92,209 @@ class Prefilter:
             regexes.append(fnmatch.translate(pattern))
             regexes.append(fnmatch.translate("*/" + pattern))
         self._path = re.compile("|".join(regexes)) if regexes else None
-        self._words = prefilter_words(catalog)
-        calls = sorted({p for trigger in catalog.triggers for p in trigger.calls})
-        self._calls = re.compile(b"|".join(call_regex(p) for p in calls)) if calls else None
+        # Placeholder names not caught by the canary-named pattern (a catalog may name its own).
+        self._placeholders = sorted(
+            name.encode() for name in catalog.placeholder_names | {catalog.member} if not _STRAY.fullmatch(name.encode())
+        )
+        # Per trigger pattern its longest literal, a cheap test before the exact regex; literals that
+        # share an identifier part (`graph_runner`, `draft_runner.forward` -> `_runner`) merge into
+        # it, since one pass over every file per literal is what this costs.
+        regexes_by_literal: dict[str, list[bytes]] = {}
+        for trigger in catalog.triggers:
+            for pattern in trigger.calls:
+                literal = max(_literal_fragments(pattern), key=len, default="").strip(".")
+                regexes_by_literal.setdefault(literal, []).append(trigger_regex(pattern))
+        merged = _merge_literals(set(regexes_by_literal))
+        self._triggers = [
+            (word.encode(), re.compile(b"|".join(r for literal in sorted(regexes_by_literal) if word in literal
+                                                 for r in regexes_by_literal[literal])))
+            for word in sorted(merged)
+        ]
+        # A catalog location holds a site or hook only in a class its candidates name (or, where
+        # upstream moved graph set-up out of its class, a module-level function named like a method).
+        self._classes: list[tuple[re.Pattern, re.Pattern]] = []
+        for path_pattern in sorted(patterns):
+            locations = [loc for _, loc in catalog.locations() if loc.path == path_pattern]
+            classes = _name_regex(sorted({c for loc in locations for c in loc.classes}))
+            methods = _name_regex(sorted({m for loc in locations for m in loc.methods}))
+            self._classes.append((
+                re.compile(f"(?:{fnmatch.translate(path_pattern)})|(?:{fnmatch.translate('*/' + path_pattern)})"),
+                re.compile(rf"^(?:[ \t]*class[ \t]+(?:{classes})|(?:async[ \t]+)?def[ \t]+(?:{methods}))\b".encode(),
+                           re.MULTILINE),
+            ))
 
     def path_matches(self, posix: str) -> bool:
         return self._path is not None and self._path.match(posix) is not None
 
-    def bytes_match(self, data: bytes) -> bool:
-        """A canary word, or a trigger call (a cheap word test first, the exact regex only then)."""
-        if b"canary" in data:
-            return True
-        if self._calls is None or not any(word in data for word in self._words):
-            return False
-        return self._calls.search(data) is not None
+    def needs(self, posix: str, data: bytes) -> int:
+        """SITES | REACH | ROLES bits for a file (0: nothing to analyse). A file at a catalog
+        location gets site analysis only when it holds a candidate class or a canary word: anything
+        else there can hold no site, hook or placeholder, only the roles CI102 expects at its path."""
+        located = self.path_matches(posix)
+        flags = ROLES if located else 0
+        if b"canary" in data or any(p in data for p in self._placeholders):
+            if located or _STRAY.search(data) is not None or any(p in data for p in self._placeholders):
+                return flags | SITES | REACH
+        if located and self.holds_candidate_class(posix, data):
+            return flags | SITES | REACH
+        return flags | REACH if self.has_trigger(data) else flags
+
+    def holds_candidate_class(self, posix: str, data: bytes) -> bool:
+        """A candidate class statement, or a module-level function named like a candidate method."""
+        return any(path.match(posix) and classes.search(data) for path, classes in self._classes)
+
+    def has_trigger(self, data: bytes) -> bool:
+        for word, regex in self._triggers:
+            if word in data:
+                for match in regex.finditer(data):
+                    if code_use(data, match.start(), match.end()):
+                        return True
+        return False
+
+
+def _line_start(data: bytes, position: int) -> int:
+    """Start of the line holding `position` (files searched as one buffer are joined by NUL)."""
+    newline = data.rfind(b"\n", 0, position)
+    return max(newline, data.rfind(b"\0", newline + 1, position)) + 1
+
+
+def code_use(data: bytes, start: int, end: int) -> bool:
+    """Whether the name at data[start:end] is called (`name(`), or passed on or aliased as a value
+    (`f(x, name)`, `fwd = name`), rather than mentioned in a comment or a docstring's prose."""
+    line_start = _line_start(data, start)
+    if data[line_start:start].lstrip()[:1] == b"#":
+        return False
+    after = data[end : end + 80].lstrip()[:1]
+    if after == b"(":
+        return True
+    if after not in (b",", b")", b"\n", b"\r", b"", b"#"):
+        return False
+    before = start
+    while before > 0 and (data[before - 1 : before].isalnum() or data[before - 1 : before] in (b"_", b".")):
+        before -= 1
+    return data[max(0, before - 80) : before].rstrip()[-1:] in (b"(", b",", b"=", b"[")
+
+
+# -- callers: which other files may call a function on an uncovered path ----------------------------
+
+class CallerSearch:
+    """Finds, in the raw bytes of many files, those that may call one of a set of functions: by its name
+    on a receiver whose name fits the function's class, as a plain name for a function or a
+    constructor, or that subclass one of those classes (a subclass inherits the calls on `self`).
+
+    The files are searched as one buffer, one `bytes.find` pass per distinct name (the cost that
+    matters on a tree of thousands of files); each hit is then judged where it stands.
+    """
+
+    def __init__(self, datas: list[bytes]) -> None:
+        self._big = b"\0".join(datas)
+        self._starts = []
+        offset = 0
+        for data in datas:
+            self._starts.append(offset)
+            offset += len(data) + 1
+
+    def find(self, wanted) -> set[int]:
+        """Indexes of the files that hold a use `wanted` names: ("call", name, class or None) and
+        ("subclass", class) entries (`uncovered.callers_wanted`)."""
+        owners: dict[str, set[str | None]] = {}
+        bases: set[str] = set()
+        defined: set[str] = set()
+        for entry in wanted:
+            if entry[0] == "call":
+                owners.setdefault(entry[1], set()).add(entry[2])
+            elif entry[0] == "subclass":
+                bases.add(entry[1])
+            else:
+                defined.add(entry[1])
+        words = sorted(owners.keys() | bases | defined)
+
+        def files_using(word: str) -> set[int]:
+            return self._files_using(word, owners.get(word, set()), word in bases, word in defined)
+
+        # One pass over the whole tree per word: the words share the two cores (parallel.map_two).
+        found: set[int] = set()
+        for hits in map_two(files_using, words, [len(self._big)] * len(words)):
+            found |= hits
+        return found
+
+    def _files_using(self, word: str, classes: set[str | None], base: bool, defined: bool) -> set[int]:
+        big = self._big
+        needle = word.encode()
+        found: set[int] = set()
+        position = big.find(needle)
+        while position >= 0:
+            end = position + len(needle)
+            if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
+                index = bisect_right(self._starts, position) - 1
+                if index not in found and (
+                    (base and _in_class_bases(big, position))
+                    or (defined and _defines_class(big, position))
+                    or (classes and _a_call_of(big, position, end, classes))
+                ):
+                    found.add(index)
+            position = big.find(needle, end)
+        return found
+
+
+def _identifier_byte(data: bytes, index: int) -> bool:
+    if index < 0 or index >= len(data):
+        return False
+    byte = data[index]
+    return byte == 95 or 48 <= byte <= 57 or 65 <= byte <= 90 or 97 <= byte <= 122 or byte >= 128
+
+
+def _in_class_bases(data: bytes, position: int) -> bool:
+    """Whether data[position:] stands in the bases of a class statement (`class X(Base, ...)`)."""
+    return _CLASS_HEAD.match(data, _line_start(data, position), position) is not None
+
+
+def _defines_class(data: bytes, position: int) -> bool:
+    """Whether data[position:] is the name of a class statement (`class Name(...)` / `class Name:`)."""
+    return _CLASS_NAME.match(data, _line_start(data, position), position) is not None
+
+
+_CLASS_NAME = re.compile(rb"[ \t]*class[ \t]+\Z")
+_CLASS_HEAD = re.compile(rb"[ \t]*class\s+\w+\s*\([^)#]*\Z")
+
+
+def _a_call_of(data: bytes, start: int, end: int, classes: set[str | None]) -> bool:
+    if not code_use(data, start, end):
+        return False
+    receiver = _receiver_before(data, start)
+    if receiver is None:
+        return None in classes  # a plain function or a constructor, called or passed by its name
+    if receiver in ("self", "cls", "super"):
+        return False  # within a class: its own file, or a subclass's (found by its bases)
+    if None in classes and receiver[:1].islower():
+        return True  # `module.function(...)`
+    return any(c is not None and receiver_fits(receiver, c) for c in classes)
+
+
+_IDENTIFIER_END = re.compile(rb"\w+\Z")
+
+
+def _receiver_before(data: bytes, start: int) -> str | None:
+    """The receiver's name in `<receiver>.name` ending at `start` (`x.runners[i].name` -> runners,
+    `get_runner().name` -> get_runner); None when the name is not an attribute."""
+    window = data[max(0, start - 160) : start].rstrip()
+    if not window.endswith(b"."):
+        return None
+    window = window[:-1].rstrip()
+    for opener, closer in ((b"[", b"]"), (b"(", b")")):
+        if window.endswith(closer):
+            depth = 0
+            for index in range(len(window) - 1, -1, -1):
+                char = window[index : index + 1]
+                if char == closer:
+                    depth += 1
+                elif char == opener:
+                    depth -= 1
+                    if depth == 0:
+                        window = window[:index].rstrip()
+                        break
+            else:
+                return None
+            break
+    match = _IDENTIFIER_END.search(window)
+    return match.group().decode("ascii", "replace") if match is not None else None

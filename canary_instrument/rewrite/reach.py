@@ -1,29 +1,573 @@
-"""Uncovered forward paths (check's CI301): forward calls in classes that no catalogued site covers."""
+"""Uncovered forward paths (check's CI301), decided over the whole tree.
+
+`reach_facts` reduces one parsed file to plain data: its classes (bases, attribute types), its
+functions (the calls and function references each makes, and which of them sit inside a catalogued
+site) and the catalog's trigger calls among them. `uncovered_findings` joins the facts of every
+analysed file into one call graph, following calls by name between files, and reports each trigger
+that some path reaches outside every catalogued site.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+import fnmatch
+from pathlib import Path
 
-from canary_instrument.catalog import Catalog, call_matches
-from canary_instrument.rewrite.locate import FileAnalysis, Uncovered, dotted_name
+from canary_instrument.catalog import Catalog
+
+MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class-body) code
+# A `with` on a canary-named variable is a bracket whether or not the catalog locates its site
+# (locate's stray rule names the same variables; CI103 reports the uncatalogued ones).
+_BRACKET = re.compile(r"canary\w*_ctx\Z")
+
+# Call targets, as plain tuples resolved in the tree pass:
+#   ("self", m)              self.m(...): the method of the enclosing class, its bases and overrides
+#   ("super", m)             super().m(...)
+#   ("attr", a, m, on_self)  <x>.a.m(...): a method m of the classes attribute `a` is known to hold
+#   ("var", v, m)            v.m(...) for a local or parameter v of unknown class
+#   ("typed", types, m)      v.m(...) for a local or parameter annotated or constructed with `types`
+#   ("global", q)            a qualified name (an import, or a function or class of this file)
+#   ("def", qualname)        a function nested in the enclosing one, by its qualified name
+#   ("ret", t, m, word)      f(...).m(...): m on what the call of target t returns (its return annotation,
+#                            or the class it constructs)
+#   ("name", m, word)        .m(...) on anything else (`self.runners[i].m`); `word` names the receiver
+#                            (`runners`) or is None
+# An untyped receiver (attr, var, name) may be any class of the tree whose name its name fits
+# (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
 
-def find_uncovered(result: FileAnalysis, classes, catalog: Catalog) -> None:
-    if not catalog.triggers:
-        return
-    covered = {id(match.class_node) for match in result.sites}
-    for cls in classes:
-        if id(cls) in covered:
-            continue
-        stack = list(cls.body)
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """A call, or a reference to a function that is passed on or stored, inside one function."""
+
+    target: tuple
+    line: int
+    site: str | None  # role of the catalogued site whose statements hold it
+    call: bool = True  # False: a function read without a call (a reference to a class is no edge)
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCall:
+    name: str  # dotted name as written (an alias resolved: `fwd = self.model_runner.model.forward`)
+    kind: str  # "forward" | "graph"
+    what: str
+    line: int
+    col: int  # 1-based, in characters
+    site: str | None
+    target: tuple | None  # what the call runs (a graph trigger: the capture or replay method)
+    passed: tuple[tuple, ...]  # callables given as arguments (what a capture captures)
+
+
+@dataclass(frozen=True, slots=True)
+class DefFacts:
+    qualname: str  # `EagerRunner.execute`, `Runner.capture.<locals>.run_once`, or MODULE
+    cls: str | None  # qualified name of the class it is a method of
+    line: int
+    edges: tuple[Edge, ...]
+    triggers: tuple[TriggerCall, ...]
+    kv: bool  # makes a KV-reading forward call by shape (catalog `kv_forward`)
+    returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFacts:
+    qualname: str
+    line: int
+    bases: tuple[str, ...]  # qualified names
+    attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
+
+
+@dataclass(frozen=True, slots=True)
+class ReachFacts:
+    """What the tree pass needs to know about one file."""
+
+    module: str  # dotted path of the file (folders and stem), what its own qualified names start with
+    classes: tuple[ClassFacts, ...] = ()
+    defs: tuple[DefFacts, ...] = ()
+    names: tuple[tuple[str, tuple[str, ...]], ...] = ()  # parameter/field name -> annotated classes
+
+
+def module_name(path: Path) -> str:
+    parts = list(Path(path).with_suffix("").parts)
+    parts = [p for p in parts if p not in ("/", "", ".", "..") and not p.endswith(":\\")]
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def site_spans(analysis) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
+    """(role, start, end) of each located site's statements: a wrap site's first..last, a with-item
+    site's `with`. Calls inside run under the site's canary context (once it is wired)."""
+    spans = []
+    for match in analysis.sites:
+        first, last = match.first, match.last
+        if match.wrapper is not None and getattr(match.wrapper, "end_lineno", None) is not None:
+            first = last = match.wrapper
+        spans.append((
+            match.site.role,
+            (first.lineno, first.col_offset),
+            (last.end_lineno or last.lineno, last.end_col_offset or 0),
+        ))
+    return spans
+
+
+_SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+class _Scope:
+    """A function being reduced to facts."""
+
+    __slots__ = ("qualname", "cls", "line", "edges", "triggers", "kv", "types", "aliases", "nested", "refs",
+                 "batches", "parent", "returns")
+
+    def __init__(self, qualname, cls, line, parent):
+        self.qualname = qualname
+        self.cls = cls
+        self.line = line
+        self.parent = parent
+        self.edges: dict = {}
+        self.triggers: list[TriggerCall] = []
+        self.kv = False
+        self.types: dict[str, tuple] = {}  # local name -> ("q", qualified) / ("attr", a) sources
+        self.aliases: dict[str, tuple[tuple, str]] = {}  # local name -> (call target, dotted) of a bound callable
+        self.nested: dict[str, str] = {}  # nested function name -> its qualname
+        self.refs: dict = {}  # (name, site) -> line of a name read that may be a function reference
+        self.batches: set[str] = set()
+        self.returns: tuple = ()
+
+
+class _FactsBuilder:
+    def __init__(self, path: Path, lines: list[str], spans, catalog: Catalog) -> None:
+        self.module = module_name(path)
+        parts = self.module.split(".")
+        self.package = parts if Path(path).stem == "__init__" else parts[:-1]
+        self.lines = lines
+        self.spans = list(spans)
+        self.brackets = catalog.placeholder_names
+        self.triggers = _trigger_matchers(catalog)
+        self.kv_methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
+        self.kv = catalog.kv_forward
+        self.imports: dict[str, str] = {}
+        self.top_names: set[str] = set()  # functions and classes defined at module level
+        self.classes: list[ClassFacts] = []
+        self.class_attrs: dict[str, dict[str, set[str]]] = {}
+        self.names: dict[str, set[str]] = defaultdict(set)
+        self.defs: list[DefFacts] = []
+
+    # -- names -------------------------------------------------------------------------------------
+    def qualify(self, dotted: str) -> str:
+        head, _, rest = dotted.partition(".")
+        if head in self.imports:
+            base = self.imports[head]
+        elif head in self.top_names:
+            base = f"{self.module}.{head}" if self.module else head
+        else:
+            return dotted
+        return f"{base}.{rest}" if rest else base
+
+    def annotation_types(self, node) -> tuple[str, ...]:
+        """Qualified names of the classes an annotation names (`Optional[A]`, `A | None`, `"A"`)."""
+        if node is None:
+            return ()
+        out = []
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if isinstance(current, ast.Constant) and isinstance(current.value, str):
+                try:
+                    stack.append(ast.parse(current.value, mode="eval").body)
+                except SyntaxError:
+                    pass
+                continue
+            dotted = _dotted(current)
+            if dotted is not None:
+                if dotted not in ("None", "Optional", "Union", "typing.Optional", "typing.Union"):
+                    out.append(self.qualify(dotted))
+                continue
+            if isinstance(current, ast.Subscript):
+                stack.append(current.slice)
+                head = _dotted(current.value)
+                if head is not None and head.rpartition(".")[2] not in ("Optional", "Union"):
+                    out.append(self.qualify(head))
+            elif isinstance(current, (ast.BinOp, ast.Tuple, ast.List)):
+                stack.extend(ast.iter_child_nodes(current))
+        return tuple(out)
+
+    def site_at(self, node) -> str | None:
+        position = (node.lineno, node.col_offset)
+        for role, start, end in self.spans:
+            if start <= position < end:
+                return role
+        return None
+
+    # -- walk ----------------------------------------------------------------------------------------
+    def build(self, tree: ast.Module) -> ReachFacts:
+        for stmt in tree.body:
+            if isinstance(stmt, _SCOPE_NODES):
+                self.top_names.add(stmt.name)
+        self.collect_imports(tree)
+        module = _Scope(MODULE, None, 1, None)
+        self.walk_block(tree.body, module, None)
+        self.finish(module)
+        return ReachFacts(
+            module=self.module,
+            classes=tuple(self.classes),
+            defs=tuple(self.defs),
+            names=tuple((name, tuple(sorted(types))) for name, types in sorted(self.names.items())),
+        )
+
+    def collect_imports(self, tree: ast.Module) -> None:
+        """Module-level imports, also those under `if TYPE_CHECKING:` or `try:` (function-level ones
+        are added when the walk meets them)."""
+        stack = list(tree.body)
         while stack:
             node = stack.pop()
-            if isinstance(node, ast.ClassDef):
-                continue  # a nested class is checked on its own
-            if isinstance(node, ast.Call) and (name := dotted_name(node.func)) is not None:
-                for trigger in catalog.triggers:
-                    if any(call_matches(name, p) for p in trigger.calls):
-                        result.uncovered.append(Uncovered(node, name, trigger.what, cls.name))
-                        break
-            stack.extend(ast.iter_child_nodes(node))
-    result.uncovered.sort(key=lambda u: (u.call.lineno, u.call.col_offset))
+            if isinstance(node, (ast.If, ast.Try, ast.With)) or type(node).__name__ == "TryStar":
+                for block in ("body", "orelse", "finalbody"):
+                    stack.extend(getattr(node, block, ()))
+                for handler in getattr(node, "handlers", ()):
+                    stack.extend(handler.body)
+            else:
+                self.add_import(node)
+
+    def add_import(self, node) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.imports[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    self.imports.setdefault(top, top)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = self.package[: len(self.package) - (node.level - 1)] if node.level > 1 else self.package
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                if alias.name != "*":
+                    self.imports[alias.asname or alias.name] = f"{module}.{alias.name}" if module else alias.name
+
+    def walk_block(self, stmts, scope: _Scope, cls: str | None) -> None:
+        for stmt in stmts:
+            self.walk(stmt, scope, cls)
+
+    def walk(self, node, scope: _Scope, cls: str | None) -> None:
+        """Visit `node` as code run by `scope`; `cls` is the class whose body we are in, if any."""
+        kind = type(node)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            self.function(node, scope, cls)
+            return
+        if kind is ast.ClassDef:
+            self.class_def(node, scope, cls)
+            return
+        if kind is ast.Call:
+            self.call(node, scope)
+        elif kind is ast.Assign:
+            self.assign(node.targets, node.value, None, scope, cls)
+            return
+        elif kind is ast.AnnAssign:
+            self.assign([node.target], node.value, node.annotation, scope, cls)
+            return
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            self.add_import(node)
+            return
+        elif kind is ast.With or kind is ast.AsyncWith:
+            self.bracket(node)
+        elif kind is ast.Return and node.value is not None and not scope.returns:
+            value = node.value
+            while isinstance(value, ast.Subscript):
+                value = value.value  # `return self.runners[step]`: an element of what `runners` holds
+            scope.returns = self.value_types(value, scope)
+        elif kind is ast.Name:
+            if type(node.ctx) is ast.Load:
+                key = (node.id, self.site_at(node))
+                if key not in scope.refs:
+                    scope.refs[key] = node.lineno
+            return
+        elif kind is ast.Attribute:
+            value = node.value
+            if type(node.ctx) is ast.Load and type(value) is ast.Name and value.id == "self":
+                # `self.method` read without a call: a bound method passed on or stored.
+                target = ("self", node.attr)
+                site = self.site_at(node)
+                if (target, site) not in scope.edges:
+                    scope.edges[(target, site)] = Edge(target, node.lineno, site, call=False)
+                return
+        for name in _fields(kind):
+            value = getattr(node, name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.walk(item, scope, cls)
+            elif isinstance(value, ast.AST):
+                self.walk(value, scope, cls)
+
+    def bracket(self, node) -> None:
+        """A `with` holding a canary-named item: what runs inside it (the later items and the body)
+        runs under a canary context."""
+        for item in node.items:
+            expr = item.context_expr
+            if isinstance(expr, ast.Name) and (expr.id in self.brackets or _BRACKET.match(expr.id)):
+                self.spans.append((
+                    f"`with {expr.id}`", (expr.lineno, expr.col_offset), (node.end_lineno, node.end_col_offset),
+                ))
+                return
+
+    def function(self, node, parent: _Scope, cls: str | None) -> None:
+        for decorator in node.decorator_list:
+            self.walk(decorator, parent, cls)
+        for default in (*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)):
+            self.walk(default, parent, cls)
+        if cls is not None:
+            qualname, owner = f"{cls}.{node.name}", cls
+        elif parent.qualname == MODULE:
+            qualname, owner = node.name, None
+        else:
+            qualname, owner = f"{parent.qualname}.<locals>.{node.name}", None
+            parent.nested[node.name] = qualname
+        scope = _Scope(qualname, owner, node.lineno, parent if cls is None and parent.qualname != MODULE else None)
+        scope.returns = tuple(("q", t) for t in self.annotation_types(node.returns))
+        args = node.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+            if arg is None:
+                continue
+            types = self.annotation_types(arg.annotation)
+            if types:
+                scope.types[arg.arg] = tuple(("q", t) for t in types)
+                self.names[arg.arg].update(types)
+            if arg.arg in self.kv.batch_names or any(t.rpartition(".")[2] in self.kv.batch_types for t in types):
+                scope.batches.add(arg.arg)
+        if scope.parent is not None:
+            scope.batches |= scope.parent.batches
+        self.walk_block(node.body, scope, None)
+        self.finish(scope)
+
+    def class_def(self, node: ast.ClassDef, scope: _Scope, cls: str | None) -> None:
+        for expr in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
+            self.walk(expr, scope, cls)
+        qualname = f"{cls}.{node.name}" if cls else node.name
+        bases = tuple(self.qualify(d) for b in node.bases if (d := _dotted(b)) is not None)
+        self.class_attrs[qualname] = defaultdict(set)
+        self.walk_block(node.body, scope, qualname)
+        attrs = self.class_attrs.pop(qualname)
+        self.classes.append(ClassFacts(
+            qualname, node.lineno, bases, tuple((a, tuple(sorted(t))) for a, t in sorted(attrs.items()))
+        ))
+
+    def finish(self, scope: _Scope) -> None:
+        edges = scope.edges
+        for (name, site), line in scope.refs.items():
+            target = self.name_target(name, scope)
+            if target is not None and (target, site) not in edges and _lookup(scope, "types", name) is None:
+                edges[(target, site)] = Edge(target, line, site, call=False)
+        edges = list(edges.values())
+        self.defs.append(DefFacts(
+            scope.qualname, scope.cls, scope.line, tuple(edges), tuple(scope.triggers), scope.kv, scope.returns,
+        ))
+
+    # -- statements and calls -------------------------------------------------------------------------
+    def assign(self, targets, value, annotation, scope: _Scope, cls: str | None) -> None:
+        types = self.annotation_types(annotation)
+        sources: tuple = tuple(("q", t) for t in types)
+        alias = None
+        if value is not None:
+            self.walk(value, scope, cls)
+            if not sources:
+                sources = self.value_types(value, scope)
+            dotted = _dotted(value)
+            if dotted is not None and "." in dotted:
+                alias = (self.call_target(value, scope), dotted)
+        for target in targets:
+            if isinstance(target, ast.Name):
+                if cls is not None and annotation is not None:
+                    self.class_attrs[cls][target.id].update(types)  # a dataclass-style field
+                    self.names[target.id].update(types)
+                elif sources:
+                    scope.types[target.id] = sources
+                else:
+                    scope.types.pop(target.id, None)
+                if alias is not None:
+                    scope.aliases[target.id] = alias
+                if value is not None and isinstance(value, ast.Name) and value.id in scope.batches:
+                    scope.batches.add(target.id)
+            elif isinstance(target, ast.Attribute):
+                self.walk(target.value, scope, cls)
+                if isinstance(target.value, ast.Name) and target.value.id == "self":
+                    owner = scope.cls or _enclosing_class(scope)
+                    qualified = tuple(t for kind, t in sources if kind == "q")
+                    if owner is not None and qualified:
+                        self.class_attrs.setdefault(owner, defaultdict(set))[target.attr].update(qualified)
+                    if qualified:
+                        self.names[target.attr].update(qualified)
+            else:
+                self.walk(target, scope, cls)
+
+    def value_types(self, value, scope: _Scope) -> tuple:
+        if isinstance(value, ast.Call):
+            dotted = _dotted(value.func)
+            if dotted is not None and dotted.rpartition(".")[2][:1].isupper():
+                head = dotted.partition(".")[0]
+                if head not in scope.types and head != "self":
+                    return (("q", self.qualify(dotted)),)
+        elif isinstance(value, ast.Name):
+            return scope.types.get(value.id, ())
+        elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
+            return (("attr", value.attr),)
+        return ()
+
+    def name_target(self, name: str, scope: _Scope) -> tuple | None:
+        current = scope
+        while current is not None:
+            if name in current.nested:
+                return ("def", current.nested[name])
+            current = current.parent
+        if name in self.imports or name in self.top_names:
+            return ("global", self.qualify(name))
+        return None
+
+    def call_target(self, func, scope: _Scope) -> tuple | None:
+        if isinstance(func, ast.Name):
+            alias = _lookup(scope, "aliases", func.id)
+            if alias is not None:
+                return alias[0]
+            types = _lookup(scope, "types", func.id)
+            if types is not None:
+                return ("typed", types, "__call__")
+            return self.name_target(func.id, scope)
+        if not isinstance(func, ast.Attribute):
+            return None
+        method = func.attr
+        receiver = func.value
+        if isinstance(receiver, ast.Name):
+            if receiver.id == "self":
+                return ("self", method)
+            types = _lookup(scope, "types", receiver.id)
+            if types is not None:
+                return ("typed", types, method)
+            if receiver.id in self.imports or receiver.id in self.top_names:
+                dotted = _dotted(func)
+                return ("global", self.qualify(dotted)) if dotted else None
+            return ("var", receiver.id, method)
+        if isinstance(receiver, ast.Attribute):
+            dotted = _dotted(receiver)
+            if dotted is not None:
+                head = dotted.partition(".")[0]
+                if head != "self" and _lookup(scope, "types", head) is None and head in (self.imports.keys() | self.top_names):
+                    return ("global", self.qualify(f"{dotted}.{method}"))
+            on_self = isinstance(receiver.value, ast.Name) and receiver.value.id == "self"
+            return ("attr", receiver.attr, method, on_self)
+        if isinstance(receiver, ast.Call):
+            if isinstance(receiver.func, ast.Name) and receiver.func.id == "super":
+                return ("super", method)
+            inner = receiver.func
+            word = inner.id if isinstance(inner, ast.Name) else inner.attr if isinstance(inner, ast.Attribute) else None
+            return ("ret", self.call_target(inner, scope), method, word)
+        while isinstance(receiver, (ast.Subscript, ast.Call)):
+            receiver = receiver.value if isinstance(receiver, ast.Subscript) else receiver.func
+        word = receiver.id if isinstance(receiver, ast.Name) else receiver.attr if isinstance(receiver, ast.Attribute) else None
+        return ("name", method, word)
+
+    def call(self, node: ast.Call, scope: _Scope) -> None:
+        func = node.func
+        target = self.call_target(func, scope)
+        site = self.site_at(node)
+        dotted = _dotted(func)
+        if isinstance(func, ast.Name) and (alias := _lookup(scope, "aliases", func.id)) is not None:
+            dotted = alias[1]
+        final = dotted.rpartition(".")[2] if dotted else None
+        trigger = None
+        if dotted is not None:
+            trigger = next((t for regex, t in self.triggers if regex.match(dotted)), None)
+        # A KV-reading forward is where a path ends: its callee (the model) is not followed.
+        if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
+            scope.edges[(target, site)] = Edge(target, node.lineno, site)
+        if trigger is not None:
+            if trigger.kind == "forward":
+                scope.kv = True
+            passed = tuple(
+                t for arg in (*node.args, *(k.value for k in node.keywords))
+                if isinstance(arg, (ast.Name, ast.Attribute)) and (t := self.call_target(arg, scope)) is not None
+                and (t[0] in ("def", "self", "global"))
+            )
+            col = len(self.lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1 \
+                if node.lineno - 1 < len(self.lines) else node.col_offset + 1
+            scope.triggers.append(TriggerCall(
+                dotted, trigger.kind, trigger.what, node.lineno, col, site,
+                None if trigger.kind == "forward" else target, passed,
+            ))
+        elif final is not None and not scope.kv and self.kv_methods.match(final):
+            if self.takes_batch(node, scope):
+                scope.kv = True
+
+    def takes_batch(self, node: ast.Call, scope: _Scope) -> bool:
+        for keyword in node.keywords:
+            if keyword.arg in self.kv.batch_names:
+                return True
+        for value in (*node.args, *(k.value for k in node.keywords)):
+            if isinstance(value, ast.Starred):
+                value = value.value
+            if isinstance(value, ast.Name) and (value.id in self.kv.batch_names or value.id in scope.batches):
+                return True
+            if isinstance(value, ast.Attribute) and value.attr in self.kv.batch_names:
+                return True
+        return False
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    """The child fields the walk visits: not `ctx` (Load/Store) nor annotations, which run no call."""
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = tuple(
+            f for f in kind._fields if f not in ("ctx", "annotation", "returns", "type_comment", "type_params")
+        )
+    return fields
+
+
+def _trigger_matchers(catalog: Catalog) -> list[tuple[re.Pattern, object]]:
+    """One compiled regex per trigger for `call_matches` over all its patterns (called once per call)."""
+    out = []
+    for trigger in catalog.triggers:
+        parts = [fnmatch.translate(p) for pattern in trigger.calls for p in (pattern, "*." + pattern)]
+        out.append((re.compile("|".join(f"(?:{part})" for part in parts)), trigger))
+    return out
+
+
+def _lookup(scope: _Scope, table: str, name: str):
+    """A local's entry in `table`, looked up through the enclosing functions (closures)."""
+    while scope is not None:
+        value = getattr(scope, table).get(name)
+        if value is not None:
+            return value
+        scope = scope.parent
+    return None
+
+
+def _enclosing_class(scope: _Scope) -> str | None:
+    while scope is not None:
+        if scope.cls is not None:
+            return scope.cls
+        scope = scope.parent
+    return None
+
+
+def _dotted(node) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def reach_facts(path: Path, tree: ast.Module, lines: list[str], spans, catalog: Catalog) -> ReachFacts:
+    """The facts of one parsed file; `spans` are its located sites' statement spans (`site_spans`)."""
+    return _FactsBuilder(Path(path), lines, spans, catalog).build(tree)

@@ -6,6 +6,7 @@ Standard-library `ast` only (`check` uses it).
 from __future__ import annotations
 
 import ast
+from collections import deque
 from fnmatch import fnmatchcase
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
@@ -111,12 +112,26 @@ def loop_index(loops) -> str | None:
     return None
 
 
+def statements(tree: ast.AST):
+    """`ast.walk(tree)` restricted to statements (and the except/case clauses that hold some), in the
+    same order, without visiting expressions: statements only ever nest in statements, so this is
+    exactly the statements `ast.walk` yields, at a fraction of its cost on a large file."""
+    queue = deque([tree])
+    while queue:
+        node = queue.popleft()
+        yield node
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                queue.extend(v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case)))
+
+
 def functions_of(tree: ast.Module):
     """(class or None, function) for every method of every class and every module-level function."""
     for node in tree.body:
         if isinstance(node, FUNCTIONS):
             yield None, node
-    for node in ast.walk(tree):
+    for node in statements(tree):
         if isinstance(node, ast.ClassDef):
             for stmt in node.body:
                 if isinstance(stmt, FUNCTIONS):
@@ -144,7 +159,7 @@ class Imports:
 
     def __init__(self, tree: ast.Module) -> None:
         self.names: dict[str, str] = {}
-        for node in ast.walk(tree):
+        for node in statements(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:

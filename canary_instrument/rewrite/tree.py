@@ -1,8 +1,8 @@
 """Walk a target tree once: discover files, keep the candidates, parse and analyse them, and run a transform.
 
-A file is a candidate when its path matches a catalog location or its bytes contain a catalog
-word (a placeholder name, `canary`, a trigger call); nothing else is read past that byte scan,
-which is what keeps `check` within its time budget on a large tree.
+A transform's candidate is a file whose path matches a catalog location or whose bytes hold a
+placeholder name (`prefilter.SITES`); nothing else is read past that byte scan. `check` has its own
+walk (`check.check_tree`), which also follows forward paths between files and keeps a cache.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
 from canary_instrument.rewrite.locate import FileAnalysis, analyse
 from canary_instrument.rewrite.plan import PlanNotApplied
-from canary_instrument.rewrite.prefilter import Prefilter
+from canary_instrument.rewrite.prefilter import SITES, Prefilter
 
 
 @dataclass
@@ -80,7 +80,8 @@ def discover(paths: Iterable, catalog: Catalog) -> Iterable[Path | SourceError]:
 
 
 def candidates(paths: Iterable, catalog: Catalog, result: RunResult):
-    """Yield the candidate files' paths; count every file, record discovery errors."""
+    """Yield the paths of the files that may hold sites, hooks or placeholders; count every file,
+    record discovery errors."""
     prefilter = Prefilter(catalog)
     for item in discover(paths, catalog):
         if isinstance(item, SourceError):
@@ -96,7 +97,7 @@ def candidates(paths: Iterable, catalog: Catalog, result: RunResult):
         except OSError:
             yield item  # read_source reports why
             continue
-        if prefilter.bytes_match(data):
+        if prefilter.needs(item.as_posix(), data) & SITES:
             yield item
 
 

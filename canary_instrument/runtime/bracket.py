@@ -1,6 +1,8 @@
 """Bracket the model's outermost forward with the manager's inside-the-graph pre- and post-ops.
 
-Only the outermost call is bracketed: a model whose forward re-enters itself (as
+The model is called as sglang models are, ``forward(input_ids, positions, forward_batch, ...)``;
+the forward batch (third argument or ``forward_batch=``) is what the pre-ops plan from. Only the
+outermost call is bracketed: a model whose forward re-enters itself (as
 vision-language models do around their language model) must not verify and write twice.
 """
 
@@ -29,11 +31,11 @@ def bracket_model_forward(model: Any, manager: Any) -> None:
             return original(*args, **kwargs)
         depth.value = 1
         try:
+            batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
             input_ids = args[0] if args else kwargs.get("input_ids")
             if input_ids is None:
-                batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
                 input_ids = getattr(batch, "input_ids", None)
-            manager.pre_ops_maybe_inside_graph(input_ids)
+            manager.pre_ops_maybe_inside_graph(input_ids, batch)
             output = original(*args, **kwargs)
             manager.post_ops_maybe_inside_graph()
             return output

@@ -1,155 +1,99 @@
-"""The expected-token table: what token each request's position must hold, filled outside the graph.
+"""Expected tokens from what the engine already has on the device: no host token lists, no engine fields.
 
-Rows are indexed by req-pool index, columns by position in target order (the EAGLE draft
-worker reads column p + 1 for its slot p). -1 means unknown and is never checked. Filling
-needs no host copy of ``req_pool_indices``: the host sends (batch row, column, token)
-cells and the device scatters them through the batch's own ``req_pool_indices``.
+Two sources, one per kind of runner:
 
-The cells go into the runner's staging buffer (``staging.py``) and reach the device with the
-plan in one copy; a step needing more cells than the staging region holds (an extend batch
-of long rows) sends them in a second copy. Building the cells is vectorised numpy, apart from
-one C-level slice per request of the engine's Python token lists.
-
-Which cells are sent: an extend forward (where a request enters a req-pool row, possibly
-inheriting a cached prefix) sends the whole known row; any other forward sends the last
-``window`` known tokens, enough to cover what one step can add. Both send ``window + 1``
-cells of -1 past the end, so what a previous owner of the row left there is cleared before
-any verify can read it.
+- Target runner: the sampler. ``model_runner.sample(logits_output, forward_batch)`` (sglang's
+  ``ModelRunner.sample``) is wrapped on the instance; after it returns, one device op records
+  each request's sampled token in a per-req-pool-row table (``SampledTokens``). That token is
+  what the engine must feed back as the request's next input, so the post-forward pass of the
+  next decode compares the row it wrote at the request's first new position with it. Every
+  post-forward pass consumes the entries of its requests, so an entry is only ever compared by
+  the forward right after the sample that wrote it: a chunked prefill's discarded sample, the
+  sample of a request that finished, or one followed by a target verify (EAGLE decodes through
+  the verify, not the sampler) is gone before any decode could read it.
+- EAGLE draft runner: the target's canary rows. Draft slot p holds token p + 1, and the draft
+  shares the target's ``req_to_token`` and slot numbers, so the draft's pre-forward pass compares
+  the token of its row of position p with the target's row of position p + 1 where the target
+  has written and kept it. The target manager is found through a registry keyed on the shared
+  ``req_to_token`` tensor (the target installs first).
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
-from typing import Any, Optional, Sequence
+import functools
+import weakref
+from typing import Any, Optional
 
-import numpy as np
+_SAMPLE_MARK = "__kv_canary_sample_wrapped__"
+
+# id(req_to_token) -> weak references to that tensor and to the target (non-draft) manager reading it.
+# Weak both ways (tensors compare element-wise, so they cannot be dict keys): an engine that is
+# freed leaves nothing behind, and a reused id is told apart by the tensor reference.
+_TARGETS: dict[int, tuple[weakref.ReferenceType, weakref.ReferenceType]] = {}
 
 
-class ExpectedTokenTable:
-    def __init__(self, max_reqs: int, max_context: int, device: Any, window: int):
+def register_target(req_to_token: Any, manager: Any) -> None:
+    """Make ``manager`` the target an EAGLE draft runner sharing ``req_to_token`` checks against."""
+    for key, (tensor, target) in list(_TARGETS.items()):
+        if tensor() is None or target() is None:
+            del _TARGETS[key]
+    _TARGETS[id(req_to_token)] = (weakref.ref(req_to_token), weakref.ref(manager))
+
+
+def find_target(req_to_token: Any) -> Optional[Any]:
+    """The live target manager registered for ``req_to_token``, or None."""
+    found = _TARGETS.get(id(req_to_token))
+    if found is None or found[0]() is not req_to_token:
+        return None
+    return found[1]()
+
+
+class SampledTokens:
+    """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none."""
+
+    def __init__(self, max_reqs: int, device: Any):
         import torch
 
-        if window < 1:
-            raise ValueError(f"kv canary: expected-token window must be >= 1, got {window}")
-        self.table = torch.full((max_reqs, max_context + 1), -1, dtype=torch.int64, device=device)
-        self.window = int(window)
-        self.device = torch.device(device)
-        self._overflow: Optional[np.ndarray] = None
-        from canary_instrument.runtime.staging import BoundedCache
+        # int32: sglang's samplers return int32 token ids; a sampler that returns another dtype
+        # costs one cast per step.
+        self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
 
-        self._cell_views = BoundedCache()
-        self._row_grids = BoundedCache()
-        # The last ``window`` tokens of a list in one C call (a tuple; a bare item when window is 1).
-        self._tail = operator.itemgetter(*range(-self.window, 0))
-        self._span_cols = np.arange(2 * self.window + 1, dtype=np.int64)
+    def record(self, req_pool_indices: Any, next_token_ids: Any) -> None:
+        """One device op: ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b."""
+        import torch
 
-    def staging_cells(self, max_bs: int) -> int:
-        """Cells the staging region holds: a full non-extend step of ``max_bs`` requests."""
-        return int(max_bs) * (2 * self.window + 1)
+        if next_token_ids.dtype != self.table.dtype:
+            next_token_ids = next_token_ids.to(self.table.dtype)
+        if req_pool_indices.dtype != torch.int64:
+            req_pool_indices = req_pool_indices.long()
+        self.table.index_copy_(0, req_pool_indices, next_token_ids)
 
-    def stage(self, forward_batch: Any, full_rows: bool, out: np.ndarray) -> int:
-        """Write this batch's cells into ``out`` (flat int64, packed [3, cells]); returns the cell count
-        (0 without token ids). Cells that do not fit are kept for ``scatter`` to send separately."""
-        self._overflow = None
-        token_ids: Optional[Sequence[Sequence[int]]] = getattr(forward_batch, "canary_token_ids", None)
-        if token_ids is None:
-            return 0
-        bs = int(forward_batch.batch_size)
-        if len(token_ids) != bs:
-            raise ValueError(
-                f"kv canary: forward_batch.canary_token_ids has {len(token_ids)} rows for a batch of {bs} requests"
-            )
-        # Python ints first: the regular-step test is then two C-level builtins, not numpy reductions.
-        lens_list = list(map(len, token_ids))
-        if not full_rows and bs and self._regular(lens_list, out.size):
-            return self._fill_regular(token_ids, lens_list, out)
-        lens = np.array(lens_list, dtype=np.int64)
-        n = self._cell_count(lens, full_rows)
-        if n == 0:
-            return 0
-        if 3 * n <= out.size:
-            cells = out[: 3 * n].reshape(3, n)
-        else:
-            cells = self._overflow = np.empty((3, n), dtype=np.int64)
-        self._fill(token_ids, cells)
-        return n
 
-    def _regular(self, lens: list[int], room: int) -> bool:
-        """Every request sends exactly ``window`` tokens and ``window + 1`` pads (the usual decode step)."""
-        span = 2 * self.window + 1
-        return (
-            3 * span * len(lens) <= room
-            and min(lens) >= self.window
-            and max(lens) + self.window + 1 <= self.table.shape[1]
+def wrap_sample(model_runner: Any, manager: Any) -> bool:
+    """Wrap ``model_runner.sample`` (on the instance) so each sample is recorded; False when the
+    runner has no ``sample`` method (then the target has no sampled-token check)."""
+    original = getattr(model_runner, "sample", None)
+    if original is None or not callable(original):
+        return False
+    if getattr(original, _SAMPLE_MARK, False):
+        raise ValueError(
+            f"kv canary: {type(model_runner).__qualname__}.sample is already wrapped by a canary"
         )
 
-    def _fill_regular(self, token_ids: Sequence[Sequence[int]], lens: list[int], out: np.ndarray) -> int:
-        """The regular case as one [3, bs, 2 * window + 1] grid: a copy of a per-size template
-        (batch rows, column offsets, pads), then the lengths and the token tails written in."""
-        w, bs = self.window, len(lens)
-        span = 2 * w + 1
-        cells = out[: 3 * bs * span].reshape(3, bs, span)
-        template = self._row_grids.get(bs)
-        if template is None:
-            template = np.empty((3, bs, span), dtype=np.int64)
-            template[0] = np.arange(bs, dtype=np.int64)[:, None]
-            template[1] = self._span_cols - w  # column = len - w + j
-            template[2] = -1
-            template = self._row_grids.put(bs, template)
-        cells[...] = template
-        cells[1] += np.array(lens, dtype=np.int64)[:, None]
-        # _regular() checked every list holds at least ``window`` tokens, so each tail has exactly ``w``.
-        tails = map(self._tail, token_ids)
-        flat = tails if w == 1 else itertools.chain.from_iterable(tails)
-        cells[2, :, :w] = np.fromiter(flat, dtype=np.int64, count=bs * w).reshape(bs, w)
-        return bs * span
+    @functools.wraps(original)
+    def sample(logits_output: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        next_token_ids = original(logits_output, forward_batch, *args, **kwargs)
+        manager.record_sampled(forward_batch, next_token_ids)
+        return next_token_ids
 
-    def scatter(self, req_pool_indices: Any, staged: Any, n: int) -> None:
-        """Write the ``n`` cells into the table (device ops only); ``staged`` is the device view of ``out``."""
-        if n == 0:
-            return
-        import torch
+    setattr(sample, _SAMPLE_MARK, True)
+    sample.__wrapped_original__ = original
+    model_runner.sample = sample
+    return True
 
-        if self._overflow is not None:
-            from canary_instrument.runtime.plan import to_device_async
 
-            dev = to_device_async(torch.from_numpy(self._overflow), self.device)
-            self._overflow = None
-            batch_rows, cols, tokens = dev[0], dev[1], dev[2]
-        else:
-            views = self._cell_views.get(n)
-            if views is None or views[0] is not staged:
-                dev = staged[: 3 * n].view(3, n)
-                views = self._cell_views.put(n, (staged, dev[0], dev[1], dev[2]))
-            _, batch_rows, cols, tokens = views
-        rows = req_pool_indices.index_select(0, batch_rows)
-        self.table.index_put_((rows, cols), tokens)
-
-    def _cell_count(self, lens: np.ndarray, full_rows: bool) -> int:
-        width = self.table.shape[1]
-        too_long = np.flatnonzero(lens > width)
-        if too_long.size:
-            b = int(too_long[0])
-            raise ValueError(
-                f"kv canary: canary_token_ids[{b}] has {int(lens[b])} tokens; the table holds {width} positions"
-            )
-        starts = np.zeros_like(lens) if full_rows else np.maximum(lens - self.window, 0)
-        stops = np.minimum(lens + self.window + 1, width)
-        self._spans = lens, starts, stops
-        return int((stops - starts).sum())
-
-    def _fill(self, token_ids: Sequence[Sequence[int]], cells: np.ndarray) -> None:
-        """cells[0] batch row, cells[1] column, cells[2] token (-1 past each request's end)."""
-        lens, starts, stops = self._spans
-        known = lens - starts
-        counts = stops - starts
-        first = np.cumsum(counts) - counts
-        batch_rows = np.repeat(np.arange(len(token_ids), dtype=np.int64), counts)
-        within = np.arange(cells.shape[1], dtype=np.int64) - first[batch_rows]
-        cells[0] = batch_rows
-        np.add(starts[batch_rows], within, out=cells[1])
-        cells[2] = -1
-        tails = map(operator.getitem, token_ids, map(slice, starts.tolist(), lens.tolist()))
-        values = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=int(known.sum()))
-        cells[2][within < known[batch_rows]] = values
+def unwrap_sample(model_runner: Any) -> None:
+    """Undo ``wrap_sample`` (tests, and engines that rebuild their runner)."""
+    sample = model_runner.__dict__.get("sample")
+    if sample is not None and getattr(sample, _SAMPLE_MARK, False):
+        del model_runner.sample

@@ -5,9 +5,12 @@ Returns None when the canary is off, so that the wiring costs one ``is None`` ch
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Optional
 
-from canary_instrument.runtime.settings import load_settings
+from canary_instrument.runtime.settings import load_settings, warn_unsupported_upstream
+
+logger = logging.getLogger("canary_instrument.runtime")
 
 
 def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Mapping[str, str]] = None):
@@ -15,10 +18,11 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     settings = load_settings(server_args, environ)
     if not settings.enabled:
         return None
+    warn_unsupported_upstream(server_args, environ)
 
     from canary_instrument.runtime.bracket import bracket_model_forward
     from canary_instrument.runtime.distributed import find_process_group
-    from canary_instrument.runtime.expected_tokens import ExpectedTokenTable
+    from canary_instrument.runtime.expected_tokens import SampledTokens, find_target, register_target, wrap_sample
     from canary_instrument.runtime.manager import CanaryManager
     from canary_instrument.runtime.ops import get_ops
     from canary_instrument.runtime.pools import attach_pool
@@ -27,24 +31,43 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     pool = _required(model_runner, "token_to_kv_pool")
     req_to_token = _required(_required(model_runner, "req_to_token_pool"), "req_to_token")
     model = _required(model_runner, "model")
-    attached = attach_pool(pool, real_kv=settings.real_kv, window=getattr(model_runner, "sliding_window_size", None))
+    attached = attach_pool(
+        pool,
+        real_kv=settings.real_kv,
+        window=getattr(model_runner, "sliding_window_size", None),
+        allocator=getattr(model_runner, "token_to_kv_pool_allocator", None),
+    )
     device = attached.groups[0].rows.device
     if req_to_token.device != device:
         raise ValueError(f"kv canary: req_to_token is on {req_to_token.device} but the KV pool is on {device}")
 
     spec_steps = _speculative_num_steps(server_args)
-    max_reqs, max_context = int(req_to_token.shape[0]), int(req_to_token.shape[1])
-    expected = None
-    if settings.token_check:
-        window = settings.token_window or spec_steps + 2
-        expected = ExpectedTokenTable(max_reqs, max_context, device, window)
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 1:
+        raise ValueError(
+            f"kv canary: server_args.speculative_eagle_topk={topk}: the canary plans one new token per request "
+            "and draft step; EAGLE draft trees (topk > 1) are not supported"
+        )
+    is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+    sampled, target_rows = None, None
+    if settings.token_check and not is_draft and callable(getattr(model_runner, "sample", None)):
+        sampled = SampledTokens(int(req_to_token.shape[0]), device)
+    if settings.token_check and is_draft:
+        target = find_target(req_to_token)
+        if target is None:
+            logger.warning(
+                "kv canary: the draft runner %s found no target canary sharing its req_to_token (install the "
+                "target first); its token check is off", type(model_runner).__qualname__,
+            )
+        else:
+            target_rows = target.state.groups[0].rows
     state = CanaryState(
         layout=attached.layout,
         realkv=settings.real_kv,
         groups=attached.groups,
         req_to_token=req_to_token,
-        expected_tokens=None,
-        token_offset=1 if getattr(model_runner, "is_draft_worker", False) else 0,
+        token_offset=1 if is_draft else 0,
+        target_rows=target_rows,
         swa_mapping=attached.swa_mapping,
         swa_window=attached.swa_window,
     )
@@ -54,11 +77,15 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         ops=get_ops(device, None if settings.backend == "auto" else settings.backend),
         device=device,
         num_single_forward=max(1, spec_steps - 1),
-        max_bs=max_reqs,
-        expected_tokens=expected,
+        sampled_tokens=sampled,
         process_group=find_process_group(model_runner),
     )
     bracket_model_forward(model, manager)
+    if sampled is not None:
+        wrap_sample(model_runner, manager)
+    if not is_draft:
+        register_target(req_to_token, manager)
+    logger.info("kv canary installed: mode=%s real_data=%s pool=%s", settings.mode, settings.real_kv, attached.description)
     return manager
 
 

@@ -1,11 +1,21 @@
 """The canary manager of one model runner, and its per-sub-forward managers.
 
 One forward step runs four phases, enforced in order once init has finished:
-pre-ops outside the graph (plan + expected tokens, host work) -> pre-ops maybe inside the
-graph (verify + write, device work) -> post-ops maybe inside (verify + fingerprint) ->
-post-ops outside (read the previous step's results, snapshot this step's). Before init has
-finished (warm-up, graph capture) the inside ops still launch, so capture records them, but
-their plans say ``enabled = 0`` and they do nothing; those forwards are not steps.
+
+1. pre-ops outside the graph (``with_ops_outside_graph`` entry): phase bookkeeping only;
+   no device work, nothing sent to the device.
+2. pre-ops maybe inside the graph (bracketed ``model.forward``, before the model): the plan is
+   taken from the forward batch's own device tensors (``plan.py``), then verify + write.
+3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check).
+4. post-ops outside (``with_ops_outside_graph`` exit): count the step, read the snapshots whose
+   copies have completed (one step late, never waiting), start this step's snapshot copy.
+
+Before init has finished (warm-up, graph capture) the inside ops still launch, so capture
+records them, but the device enable flag is 0 and they do nothing; those forwards are not
+steps. ``mark_init_finished`` sets the flag once. A later extension (perturbations, an idle
+cache sweep, more stats) hooks in at ``SingleForwardManager.pre_ops_maybe_inside_graph`` /
+``post_ops_maybe_inside_graph`` (around the model) and ``CanaryManager._step_end`` (once per
+step, before the snapshot), and appends its device counters to ``STATUS``.
 """
 
 from __future__ import annotations
@@ -15,22 +25,28 @@ from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional
 
 from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationError, CanaryWiringError
-from canary_instrument.runtime.plan import EXTEND, IDLE, PlanBuffers, forward_kind, index_runs
+from canary_instrument.runtime.plan import IDLE, forward_kind, plan_from_batch
 from canary_instrument.runtime.readback import DelayedReadback, Snapshot
 from canary_instrument.runtime.settings import CanarySettings
-from canary_instrument.runtime.staging import Staging
 from canary_instrument.runtime.state import CanaryState, PlanInputs
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation, decode_records
 
 logger = logging.getLogger("canary_instrument.runtime")
 
-# Status vector layout (one device buffer, so one copy snapshots it all).
-_RING_COUNT = slice(0, 1)
-_COUNTERS = slice(1, 5)
-_GROUP_VERIFIED = slice(5, 7)
-_SWA = slice(7, 9)
-_STATUS_LEN = 9
+# The status vector: every device counter the host reads, in one int64 buffer so that one copy
+# snapshots it all. A new counter is a new name appended at the end.
+STATUS = (
+    "ring_count",  # violation records made (cumulative; the ring keeps the last RING of them)
+    "pre_runs", "post_runs", "verified", "written",  # state.counters
+    "verified_full", "verified_swa",  # state.group_verified
+    "swa_remapped", "swa_out_of_window",  # SWA divergence, written when a report is due
+)
+_AT = {name: i for i, name in enumerate(STATUS)}
+_RING_COUNT = slice(_AT["ring_count"], _AT["ring_count"] + 1)
+_COUNTERS = slice(_AT["pre_runs"], _AT["written"] + 1)
+_GROUP_VERIFIED = slice(_AT["verified_full"], _AT["verified_swa"] + 1)
+_SWA = slice(_AT["swa_remapped"], _AT["swa_out_of_window"] + 1)
 
 # Sub-forward phases.
 _IDLE, _PLANNED, _PRE_DONE, _POST_DONE = "idle", "planned", "pre-ops done", "post-ops done"
@@ -66,20 +82,16 @@ class _Tag(NamedTuple):
     swa_due: bool
 
 
-def _may_bring_new_requests(forward_batch: Any, kind: str) -> bool:
-    """Extend batches may put a request into a req-pool row (send whole rows), except the
-    fixed-length draft-extend after a verify, whose requests all decoded before."""
-    return kind == EXTEND and getattr(forward_batch, "num_tokens_per_req", None) is None
-
-
 class SingleForwardManager:
-    """One sub-forward (one model forward of a multi-step draft): its plan and phase."""
+    """One sub-forward (one model forward of a multi-step draft): its phase and its latest plan."""
 
-    def __init__(self, index: int, manager: "CanaryManager", plan: PlanInputs):
+    def __init__(self, index: int, manager: "CanaryManager"):
         self.index = index
-        self.plan = plan
         self._manager = manager
         self.phase = _IDLE
+        # The plan of the forward in flight (pre-ops to post-ops); inside a CUDA graph, the plan
+        # captured with the graph's static batch.
+        self.plan: Optional[PlanInputs] = None
 
     def _expect(self, allowed: tuple[str, ...], action: str) -> None:
         if self.phase not in allowed:
@@ -88,19 +100,23 @@ class SingleForwardManager:
                 f"expected {' or '.join(repr(a) for a in allowed)} (is a canary context missing or duplicated?)"
             )
 
-    def pre_ops_maybe_inside_graph(self, input_ids: Any) -> None:
+    def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         manager = self._manager
         if manager.init_finished:
             self._expect((_PLANNED,), "pre-ops inside the graph")
             self.phase = _PRE_DONE
-        manager.ops.pre_forward(manager.state, self.plan, input_ids)
+        self.plan = plan = plan_from_batch(forward_batch, manager.enabled, index=self.index, draft=manager.is_draft)
+        if plan is not None:
+            manager.ops.pre_forward(manager.state, plan, input_ids)
 
     def post_ops_maybe_inside_graph(self) -> None:
         manager = self._manager
         if manager.init_finished:
             self._expect((_PRE_DONE,), "post-ops inside the graph")
             self.phase = _POST_DONE
-        manager.ops.post_forward(manager.state, self.plan)
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            manager.ops.post_forward(manager.state, plan)
 
 
 class CanaryManager:
@@ -114,8 +130,7 @@ class CanaryManager:
         ops: Any,
         device: Any,
         num_single_forward: int,
-        max_bs: int,
-        expected_tokens: Any = None,
+        sampled_tokens: Any = None,
         process_group: Any = None,
     ):
         import torch
@@ -125,26 +140,20 @@ class CanaryManager:
         self.settings = settings
         self.ops = ops
         self.device = torch.device(device)
-        self._tokens = expected_tokens
-        self._status = torch.zeros(_STATUS_LEN, dtype=torch.int64, device=self.device)
+        # Read by every canary kernel: 0 until mark_init_finished(), so warm-up and capture write nothing.
+        self.enabled = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._status = torch.zeros(len(STATUS), dtype=torch.int64, device=self.device)
         state.ring = torch.zeros((settings.ring_size, 8), dtype=torch.int64, device=self.device)
         state.ring_count = self._status[_RING_COUNT]
         state.counters = self._status[_COUNTERS]
         state.group_verified = self._status[_GROUP_VERIFIED]
-        state.expected_tokens = expected_tokens.table if expected_tokens is not None else None
+        self._sampled = sampled_tokens
+        state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
         self.state = state
-        regions = PlanBuffers.regions(num_single_forward)
-        if expected_tokens is not None:
-            import numpy as np
-
-            regions["token_cells"] = (np.int64, (3 * expected_tokens.staging_cells(max_bs),))
-        self._staging = Staging(regions, self.device)
-        self._plans = PlanBuffers(num_single_forward, max_bs, self._staging)
-        self._runs: dict = {}  # listed sub-forward indices -> their consecutive runs (few distinct lists)
-        self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> (sfms, runs)
-        self.single_forward_managers = [
-            SingleForwardManager(i, self, plan) for i, plan in enumerate(self._plans.plans)
-        ]
+        self.is_draft = state.token_offset == 1
+        self.radix_cache: Any = None
+        self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> its sub-forward managers
+        self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
         self._group = process_group
@@ -165,8 +174,9 @@ class CanaryManager:
         self._pending_raise: list[Violation] = []
         self._pending_lines: list[str] = []
         self._unhealthy: Optional[str] = None
-        self._last_figures = (0, 0, 0, 0, 0, 0, 0)  # CanaryStats fields; the object is built when asked for
         self._last_stats: Optional[CanaryStats] = None
+        self._last_values = None  # numpy copy of the last status snapshot read
+        self._last_step = 0  # the step that snapshot belongs to
         self._stats_logged_step = 0  # flush() re-reads the current step; its line is logged once
         # Every written token gets one row per (group, half): 2 on MHA, 1 on MLA, 4 on SWA.
         self._rows_per_token = len(state.groups)
@@ -185,15 +195,36 @@ class CanaryManager:
     def step(self) -> int:
         return self._step
 
-    def attach_radix_cache(self, tree_cache: Any) -> None:
-        """Keep the scheduler's prefix cache (what an idle-cache sweep would walk)."""
-        self.radix_cache = tree_cache
-
     def mark_init_finished(self) -> None:
-        """Warm-up and capture are over: from now on plans are enabled and phase order is enforced."""
+        """Warm-up and capture are over: from now on the kernels run and phase order is enforced."""
         if self._active is not None or self._outside_open:
             raise CanaryWiringError("kv canary: mark_init_finished() called inside a canary context")
+        if not self.init_finished:
+            self.enabled.fill_(1)
         self.init_finished = True
+
+    def per_forward_workspace_bytes(self) -> int:
+        """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
+        status vector, the violation ring and the sampled-token table. Plans are read from the
+        forward batch's own tensors, so the Triton passes allocate nothing per forward."""
+        buffers = [self.enabled, self._status, self.state.ring, self.state.sampled_tokens]
+        return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
+
+    def attach_radix_cache(self, tree_cache: Any) -> None:
+        """Keep the engine's prefix cache (sglang's scheduler hands it over once it exists)."""
+        self.radix_cache = tree_cache
+
+    def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
+        """After ``model_runner.sample``: record each request's sampled token for its req-pool row (one
+        device op). Skipped before init (warm-up samples) and for outputs that are not one token per request."""
+        sampled = self._sampled
+        if sampled is None or not self.init_finished or forward_batch is None:
+            return
+        rows = getattr(forward_batch, "req_pool_indices", None)
+        shape = getattr(next_token_ids, "shape", None)
+        if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
+            return
+        sampled.record(rows, next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
@@ -210,8 +241,8 @@ class CanaryManager:
         """Plan the listed sub-forwards before the block; read results and snapshot after it."""
         return _OutsideGraph(self, single_forward_indices, maybe_inaccurate_forward_batch)
 
-    def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> tuple:
-        """(sub-forward managers, their index runs) of a listing; validated once per distinct listing."""
+    def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
+        """The sub-forward managers of a listing; validated once per distinct listing."""
         key = single_forward_indices
         if key is None or type(key) is range:
             pass
@@ -228,20 +259,15 @@ class CanaryManager:
         sfms = [self._sub_forward(i) for i in indices]
         if len({s.index for s in sfms}) != len(sfms):
             raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
-        key_runs = tuple(sfm.index for sfm in sfms)
-        runs = self._runs.get(key_runs)
-        if runs is None:
-            runs = self._runs[key_runs] = index_runs(list(key_runs))
-        found = (sfms, runs)
         if key is not False and len(self._listings) < 256:
-            self._listings[key] = found
-        return found
+            self._listings[key] = sfms
+        return sfms
 
     # Called by the bracketed model.forward.
-    def pre_ops_maybe_inside_graph(self, input_ids: Any) -> None:
+    def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         sfm = self._active_or_none("pre-ops")
         if sfm is not None:
-            sfm.pre_ops_maybe_inside_graph(input_ids)
+            sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
 
     def post_ops_maybe_inside_graph(self) -> None:
         sfm = self._active_or_none("post-ops")
@@ -275,7 +301,12 @@ class CanaryManager:
     @property
     def _last(self) -> CanaryStats:
         if self._last_stats is None:
-            self._last_stats = CanaryStats(*self._last_figures)
+            if self._last_values is None:
+                self._last_stats = CanaryStats(0, 0, 0, 0, 0, 0, 0)
+            else:
+                count, pre_runs, post_runs, verified, written = (int(v) for v in self._last_values[:5])
+                self._last_stats = CanaryStats(self._last_step, written // self._rows_per_token, verified, written,
+                                               pre_runs, post_runs, count)
         return self._last_stats
 
     # ------------------------------------------------------------------ phases
@@ -296,59 +327,42 @@ class CanaryManager:
             )
         return self._active
 
-    def _pre_ops_outside_graph(self, sfms: list[SingleForwardManager], runs: list, forward_batch: Any) -> list:
+    def _pre_ops_outside_graph(self, sfms: list[SingleForwardManager], forward_batch: Any) -> int:
+        """Phase bookkeeping only; returns how many sub-forwards this block plans (0 for an idle batch)."""
         if forward_batch is None:
             raise CanaryWiringError("kv canary: with_ops_outside_graph() needs the forward batch after init")
         for sfm in sfms:
             if sfm.phase != _IDLE:
                 sfm._expect((_IDLE,), "with_ops_outside_graph()")
-        kind = forward_kind(forward_batch)
-        staging = self._staging
-        staging.begin()
-        bs = self._plans.stage(runs, forward_batch, kind)
-        if bs:
-            cells, used = 0, staging.end("plan")
-            if self._tokens is not None:
-                full_rows = _may_bring_new_requests(forward_batch, kind)
-                host_cells = staging.host("token_cells")
-                cells = self._tokens.stage(forward_batch, full_rows, host_cells)
-                if 0 < 3 * cells <= host_cells.size:
-                    used = staging.offset("token_cells") + host_cells.itemsize * 3 * cells
-            # One copy carries the plan words and, when they fit, the token cells.
-            staging.upload(used)
-            try:
-                self._plans.derive(runs, forward_batch, kind, bs)
-                if cells:
-                    self._tokens.scatter(self._plans.req_pool_indices, staging.device_view("token_cells"), cells)
-            except BaseException:
-                self._plans.disable_on_device()
-                raise
+        planned = 0 if forward_kind(forward_batch) == IDLE else len(sfms)
         for sfm in sfms:
             sfm.phase = _PLANNED
-        return sfms if bs else []
+        return planned
 
-    def _post_ops_outside_graph(self, sfms, planned, forward_batch, ok: bool) -> None:
+    def _post_ops_outside_graph(self, sfms, planned: int, forward_batch, ok: bool) -> None:
         if not self.init_finished:
             # Warm-up and capture forwards are not steps: nothing was planned, so there is
             # nothing to read, and the step schedule (stats, SWA, cross-rank checks) starts at
             # init on every rank, whatever warm-up each rank ran.
             return
         if sfms and sfms[0].phase != _IDLE:
-            # Disable before anything can replay the graph again without a fresh plan.
-            if planned:
-                self._plans.disable_on_device()
             half_done = [s.index for s in sfms if s.phase == _PRE_DONE]
             for sfm in sfms:
                 sfm.phase = _IDLE
+                sfm.plan = None
             if not ok:
                 return
             if half_done:
                 raise CanaryWiringError(f"kv canary: sub-forward(s) {half_done} ran pre-ops but never post-ops")
-            self._planned += len(planned)
+            self._planned += planned
         if not ok:
             return
         self._step += 1
-        swa_due = self._swa_interval != 0 and self._swa_due()
+        self._step_end(forward_batch)
+
+    def _step_end(self, forward_batch: Any) -> None:
+        """Once per step, after its forwards were launched: device work that is due, then the readback."""
+        swa_due = self._swa_interval != 0 and self._step % self._swa_interval == 0
         if swa_due:
             self._status[_SWA].copy_(self._swa_on_device(forward_batch))
         self._readback_and_report(_Tag(self._step, self._planned, swa_due))
@@ -356,10 +370,14 @@ class CanaryManager:
     # ------------------------------------------------------------------ reading results
 
     def _readback_and_report(self, tag: _Tag) -> None:
-        previous = self._readback.harvest()
-        self._readback.take(tag)
-        if previous is not None:
-            self._process(previous)
+        readback = self._readback
+        # Earlier steps' snapshots whose copies have completed (normally just the previous step's).
+        while readback.pending():
+            snapshot = readback.harvest()
+            if snapshot is None:
+                break
+            self._process(snapshot)
+        readback.take(tag)
         self._after_step(tag.step)
 
     def _drain(self, final: bool) -> None:
@@ -367,20 +385,20 @@ class CanaryManager:
 
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        while True:
-            snapshot = self._readback.harvest()
-            if snapshot is None:
-                break
-            self._process(snapshot)
+        while self._readback.pending():
+            self._process(self._readback.harvest(wait=True))
         if final:
             self._readback.take(_Tag(self._step, self._planned, False))
-            self._process(self._readback.harvest())
+            self._process(self._readback.harvest(wait=True))
 
     def _process(self, snapshot: Snapshot) -> None:
         values, tag = snapshot.values, snapshot.tag
-        count, pre_runs, post_runs, verified, written = values[:5]  # ring count, then _COUNTERS
-        new = count - self._seen
-        if new > 0:
+        count = int(values[0])
+        pre_runs, post_runs = int(values[1]), int(values[2])
+        self._last_values = values.copy()
+        self._last_step = tag.step
+        self._last_stats = None
+        if count != self._seen:
             ring = self._readback.read_ring(snapshot)
             ring_size = ring.shape[0]
             first = max(self._seen, count - ring_size)
@@ -389,9 +407,6 @@ class CanaryManager:
             dropped = first - self._seen
             self._seen = count
             self._report(violations, dropped, tag.step)
-        # CanaryStats field order: steps, tokens_protected, verified, written, pre_runs, post_runs, violations.
-        self._last_figures = (tag.step, written // self._rows_per_token, verified, written, pre_runs, post_runs, count)
-        self._last_stats = None
         if tag.planned and (pre_runs < tag.planned or post_runs < tag.planned) and self._unhealthy is None:
             self._unhealthy = (
                 f"kv canary health check failed at step {tag.step}: {tag.planned} canary sub-forwards were planned "
@@ -399,8 +414,8 @@ class CanaryManager:
                 "runs; a canary kernel stopped running (lost wiring, or a graph captured without the canary)"
             )
         if tag.swa_due:
-            group_verified = values[_GROUP_VERIFIED]
-            remapped, out_of_window = values[_SWA]
+            group_verified = [int(v) for v in values[_GROUP_VERIFIED]]
+            remapped, out_of_window = (int(v) for v in values[_SWA])
             logger.info(
                 "%s",
                 SwaDivergenceLog(
@@ -476,10 +491,6 @@ class CanaryManager:
 
     # ------------------------------------------------------------------ SWA divergence
 
-    def _swa_due(self) -> bool:
-        interval = self.settings.swa_divergence_interval
-        return bool(interval) and self.state.layout == "swa" and self._step % interval == 0
-
     def _swa_on_device(self, forward_batch: Any) -> Any:
         seq_lens = None
         if forward_batch is not None and forward_kind(forward_batch) != IDLE:
@@ -514,7 +525,7 @@ class _ActiveForward:
 
 class _OutsideGraph:
     """``with_ops_outside_graph``'s context: a plain object (a generator context costs several
-    times the host time), checking and planning on entry as the generator did."""
+    times the host time) that checks the phases on entry and ends the step on exit."""
 
     __slots__ = ("_manager", "_indices", "_batch", "_sfms", "_planned")
 
@@ -523,18 +534,18 @@ class _OutsideGraph:
         self._indices = indices
         self._batch = forward_batch
         self._sfms: Optional[list] = None
-        self._planned: list = []
+        self._planned = 0
 
     def __enter__(self) -> None:
         manager = self._manager
         if manager._outside_open:
             raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
-        sfms, runs = manager._listed(self._indices)
+        sfms = manager._listed(self._indices)
         self._sfms = sfms
         manager._outside_open = True
         try:
             if manager.init_finished:
-                self._planned = manager._pre_ops_outside_graph(sfms, runs, self._batch)
+                self._planned = manager._pre_ops_outside_graph(sfms, self._batch)
         except BaseException:
             manager._outside_open = False
             raise

@@ -1,11 +1,15 @@
-"""Device-to-host reads one step late: snapshot on the main stream, copy on a side stream.
+"""Device-to-host reads one step late without ever blocking: one async copy per step, read when done.
 
-At the end of step N the main stream copies the small status vector (ring count, run
-counters, verify counts, SWA divergence) into a snapshot buffer; a side stream waits for
-that and copies it into pinned host memory. The host reads it at the end of step N+1, by
-which time the copy is normally long done, so the main stream never waits for the host.
-On CPU the same structure holds with plain copies. Per step that is one device-to-device copy
-and one device-to-host copy; the events are created once and re-recorded.
+At the end of step N the current stream copies the small status vector (ring count, run
+counters, verify counts, SWA divergence; ``manager.STATUS``) into a pinned host slot with one
+non-blocking copy and records an event. At the end of a later step the host takes the oldest
+slot whose event has completed (``Event.query``, never a wait); a slot whose copy is not done
+yet simply stays pending. The counters are cumulative, so a snapshot that is read late or not
+taken (all slots busy: the device is several steps behind) loses nothing. On CPU the copy is
+synchronous and every slot is ready at once, so a snapshot is read at the next step.
+
+The violation ring is copied only when a snapshot shows new records (the rare path); that copy
+runs on a side stream behind the snapshot's event and is waited for.
 """
 
 from __future__ import annotations
@@ -13,97 +17,84 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+SLOTS = 4  # pinned snapshots in flight; more than the device is ever behind in a healthy engine
+
 
 @dataclass
 class _Slot:
-    device_copy: Any
-    host_copy: Any
-    main_done: Any = None  # event on the main stream after the snapshot copy (created once, re-recorded)
-    host_done: Any = None  # event on the side stream after the D2H copy (created once, re-recorded)
+    host_copy: Any  # pinned host tensor
+    host_numpy: Any  # numpy view of host_copy, made once: reading it then needs no torch op
+    done: Any = None  # CUDA event after the copy (created once, re-recorded); None on CPU
     tag: Any = None
-    recorded: bool = False
-    host_numpy: Any = None  # numpy view of host_copy, made once: reading it per step then needs no torch op
 
 
 @dataclass
 class Snapshot:
     tag: Any
-    values: list  # the status vector, as Python ints
+    values: Any  # the status vector as a numpy int64 view (valid until the slot is taken again)
     _slot: Optional[_Slot] = field(default=None, repr=False)
 
 
 class DelayedReadback:
     """Snapshots of ``status`` read one step late; ``ring`` read on demand behind a snapshot."""
 
-    def __init__(self, status: Any, ring: Any):
+    def __init__(self, status: Any, ring: Any, slots: int = SLOTS):
         import torch
 
         self.status = status
         self.ring = ring
         self.cuda = status.device.type == "cuda"
-        self._side = torch.cuda.Stream(device=status.device) if self.cuda else None
-        pin = self.cuda
-        self._slots = [
-            _Slot(
-                device_copy=torch.zeros_like(status),
-                host_copy=torch.zeros(status.shape, dtype=status.dtype, pin_memory=pin),
-                main_done=torch.cuda.Event() if self.cuda else None,
-                host_done=torch.cuda.Event() if self.cuda else None,
-            )
-            for _ in range(2)
-        ]
-        for slot in self._slots:
-            slot.host_numpy = slot.host_copy.numpy()
-        self._ring_done = torch.cuda.Event() if self.cuda else None
-        self._ring_host = torch.zeros(ring.shape, dtype=ring.dtype, pin_memory=pin)
-        self._next = 0
+        self._slots = []
+        for _ in range(slots):
+            host = torch.zeros(status.shape, dtype=status.dtype, pin_memory=self.cuda)
+            self._slots.append(_Slot(host, host.numpy(), torch.cuda.Event() if self.cuda else None))
+        self._free = list(self._slots)
         self._pending: list[_Slot] = []
+        self._side = torch.cuda.Stream(device=status.device) if self.cuda else None
+        self._ring_done = torch.cuda.Event() if self.cuda else None
+        self._ring_host = torch.zeros(ring.shape, dtype=ring.dtype, pin_memory=self.cuda)
+        self.skipped = 0  # snapshots not taken because every slot was still in flight
 
-    def take(self, tag: Any) -> None:
-        """Snapshot the status now (in main-stream order) and start its copy to the host."""
-        import torch
-
-        if len(self._pending) >= len(self._slots):
-            raise RuntimeError("kv canary: readback snapshots must be harvested before more are taken")
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % len(self._slots)
+    def take(self, tag: Any) -> bool:
+        """Start copying the status (in stream order); False when every slot is still in flight."""
+        if not self._free:
+            self.skipped += 1
+            return False
+        slot = self._free.pop()
         slot.tag = tag
+        slot.host_copy.copy_(self.status, non_blocking=self.cuda)
         if self.cuda:
-            slot.device_copy.copy_(self.status)
-            slot.main_done.record()
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(slot.main_done)
-                slot.host_copy.copy_(slot.device_copy, non_blocking=True)
-                slot.host_done.record(self._side)
-            slot.recorded = True
-        else:
-            # The same two copies as on CUDA, so op counts measured on CPU hold there.
-            slot.device_copy.copy_(self.status)
-            slot.host_copy.copy_(slot.device_copy)
+            slot.done.record()
         self._pending.append(slot)
+        return True
 
     def pending(self) -> int:
         return len(self._pending)
 
-    def harvest(self) -> Optional[Snapshot]:
-        """The oldest snapshot not yet read (waits for its side-stream copy only), or None."""
+    def harvest(self, wait: bool = False) -> Optional[Snapshot]:
+        """The oldest snapshot whose copy has completed (``wait``: wait for it), or None."""
         if not self._pending:
             return None
-        slot = self._pending.pop(0)
-        if slot.recorded:
-            slot.host_done.synchronize()
-        return Snapshot(tag=slot.tag, values=slot.host_numpy.tolist(), _slot=slot)
+        slot = self._pending[0]
+        if slot.done is not None:
+            if wait:
+                slot.done.synchronize()
+            elif not slot.done.query():
+                return None
+        self._pending.pop(0)
+        self._free.append(slot)
+        return Snapshot(tag=slot.tag, values=slot.host_numpy, _slot=slot)
 
     def read_ring(self, snapshot: Snapshot) -> Any:
         """The violation ring as of ``snapshot`` (records written later may also show, never older ones lost)."""
         import torch
 
         slot = snapshot._slot
-        if not self.cuda or slot is None or not slot.recorded:
+        if not self.cuda or slot is None:
             self._ring_host.copy_(self.ring)
             return self._ring_host.clone()
         with torch.cuda.stream(self._side):
-            self._side.wait_event(slot.main_done)
+            self._side.wait_event(slot.done)
             self._ring_host.copy_(self.ring, non_blocking=True)
             self._ring_done.record(self._side)
         self._ring_done.synchronize()

@@ -21,6 +21,15 @@ Semantics beyond docs/architecture.md, shared by both backends:
   race on a slot, which fields) survives in a slot is unspecified. ``ring_count`` stays exact.
 - Counters: [0] pre runs, [1] post runs, [2] entries verified (per group and half, including
   failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
+- The plan comes from the batch (``PlanInputs``): rows ``r < num_reqs`` whose req-pool index is
+  0 are graph padding and skipped, but their tokens still occupy ``input_ids``.
+- Expected tokens: with ``sampled_tokens`` (target), the post-forward pass of a decode
+  (``check_sampled``) compares the row at each request's first new position with its row's
+  entry (>= 0), and every post-forward pass then clears the entries of its requests that wrote
+  anything. With
+  ``target_rows`` (draft worker), the pre-forward pass compares each position
+  ``p < prefix - target_margin`` with the token of the target's row of position ``p + 1``
+  (slot ``req_to_token[r, p + 1]`` inside ``(0, target slots)``).
 """
 
 from __future__ import annotations
@@ -50,10 +59,13 @@ PARTIAL_WORDS = 2  # 16 bytes of layer 0's row
 
 @dataclass
 class _Batch:
-    num_reqs: int
+    num_reqs: int  # live (non-padding) requests
     req_pool: torch.Tensor  # int64 [n]
     prefix: torch.Tensor  # int64 [n]
     extend: torch.Tensor  # int64 [n]
+    token_base: torch.Tensor  # int64 [n]: first input id of each request (padding rows counted)
+    check_sampled: bool
+    target_margin: int
 
 
 @dataclass
@@ -79,12 +91,23 @@ def fingerprint_words(state: CanaryState, group: CanaryGroup) -> int:
 
 
 def _batch(plan: PlanInputs) -> _Batch:
-    n = int(plan.num_reqs[0])
+    n = int(plan.num_reqs)
+    req_pool = plan.req_pool_indices[:n].long()
+    if plan.extend_const > 0:
+        extend = torch.full_like(req_pool, plan.extend_const)
+    else:
+        extend = plan.extend_lens[:n].long()
+    prefix = plan.prefix_lens[:n].long() - (extend if plan.prefix_is_end else 0)
+    token_base = torch.cumsum(extend, 0) - extend
+    live = req_pool != 0
     return _Batch(
-        num_reqs=n,
-        req_pool=plan.req_pool_indices[:n].long(),
-        prefix=plan.prefix_lens[:n].long(),
-        extend=plan.extend_lens[:n].long(),
+        num_reqs=int(live.sum()),
+        req_pool=req_pool[live],
+        prefix=prefix[live],
+        extend=extend[live],
+        token_base=token_base[live],
+        check_sampled=plan.check_sampled,
+        target_margin=plan.target_margin,
     )
 
 
@@ -139,6 +162,23 @@ def _records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected) 
     return torch.stack([c[bad] for c in cols], dim=1)
 
 
+def _expected_tokens(state: CanaryState, kernel_id: int, batch: _Batch, req: torch.Tensor,
+                     pos: torch.Tensor) -> torch.Tensor:
+    """The token each entry must hold (-1 = not checked); see the module docstring."""
+    none = torch.full_like(pos, -1)
+    req_pool = batch.req_pool[req]
+    if kernel_id == KERNEL_POST and state.sampled_tokens is not None and batch.check_sampled:
+        sampled = state.sampled_tokens[req_pool].long()
+        return torch.where(pos == batch.prefix[req], sampled, none)
+    if kernel_id == KERNEL_PRE and state.target_rows is not None:
+        due = pos < batch.prefix[req] - batch.target_margin
+        col = (pos + 1).clamp(max=state.req_to_token.shape[1] - 1)
+        raw = state.req_to_token[req_pool, col].long()
+        ok = due & (raw > 0) & (raw < state.target_rows.shape[0])
+        return torch.where(ok, state.target_rows[torch.where(ok, raw, 0), 0], none)
+    return none
+
+
 def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batch, req: torch.Tensor,
             pos: torch.Tensor, window_lo: torch.Tensor) -> tuple[torch.Tensor, _Slots]:
     """Reasons for each (request, position) entry of one group/half; returns records and slots."""
@@ -161,13 +201,7 @@ def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batc
         recomputed = hashing.fingerprint(group.kv_words[slots.slot, :nwords])
         bad_fp = ok & (row[:, 3] != 0) & (row[:, 3] != recomputed)
 
-    expected_token = zero - 1
-    if state.expected_tokens is not None:
-        col = pos + state.token_offset
-        in_table = col < state.expected_tokens.shape[1]
-        expected_token = torch.where(
-            in_table, state.expected_tokens[req_pool, col.clamp(max=state.expected_tokens.shape[1] - 1)], -1
-        )
+    expected_token = _expected_tokens(state, kernel_id, batch, req, pos)
     bad_token = ok & (expected_token >= 0) & (row[:, 0] != expected_token)
 
     bad_pad = ~slots.full_ok
@@ -227,8 +261,7 @@ def _write_new_rows(state: CanaryState, group: CanaryGroup, batch: _Batch, input
                     req: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Rows (token, position, S_p, 0) of the new positions, the chain scanned per request."""
     req_pool = batch.req_pool[req]
-    token_base = torch.cumsum(batch.extend, 0) - batch.extend
-    tokens = input_ids.reshape(-1)[token_base[req] + pos - batch.prefix[req]].long()
+    tokens = input_ids.reshape(-1)[batch.token_base[req] + pos - batch.prefix[req]].long()
 
     a, b = hashing.affine(tokens, pos)
     # Exclusive per-request prefix: item j gets the maps of its request's items before it.
@@ -306,6 +339,9 @@ def post_forward(state: CanaryState, plan: PlanInputs) -> None:
         if nwords:
             target = slots.slot[slots.ok]
             group.rows[target, 3] = hashing.fingerprint(group.kv_words[target, :nwords])
+    if state.sampled_tokens is not None:
+        # Consumed: an entry is only ever checked by the forward right after the sample that wrote it.
+        state.sampled_tokens[batch.req_pool[batch.extend > 0]] = -1
     _append(state, records)
     _count(state, 1, verified, 0)
 

@@ -1,8 +1,10 @@
 """Canary settings: read from the engine's server args, else the environment, validated once.
 
-Server-arg attributes win over environment variables (an attribute that is absent or
-None falls through to the environment, then to the default). Every bad value raises a
-``ValueError`` that names the setting, so a typo never silently disables the canary.
+Each setting has server-arg attributes and environment variables, sglang's names first
+(``kv_canary_real_data``, ``SGLANG_KV_CANARY_*``) and the runtime's older names as aliases.
+Server-arg attributes win over environment variables (an attribute that is absent or None
+falls through to the next source, then to the default). Every bad value raises a
+``ValueError`` that names the attribute or variable, so a typo never silently disables the canary.
 """
 
 from __future__ import annotations
@@ -21,16 +23,22 @@ class CanarySettings:
     """Every knob of the canary runtime (names in brackets: server arg / environment variable)."""
 
     mode: str = "none"  # [kv_canary / KV_CANARY] none | log | raise
-    real_kv: str = "none"  # [kv_canary_real_kv / KV_CANARY_REAL_KV] none | partial | all
-    token_check: bool = True  # [kv_canary_token_check / KV_CANARY_TOKEN_CHECK] expected-token table on/off
-    stats_interval: int = 0  # [kv_canary_stats_interval / KV_CANARY_STATS_INTERVAL] steps between stats lines, 0 = off
-    ring_size: int = 1024  # [kv_canary_ring_size / KV_CANARY_RING_SIZE] violation records kept on device
-    # [kv_canary_swa_divergence_interval / KV_CANARY_SWA_DIVERGENCE_INTERVAL] steps between SWA lines, 0 = off
+    # [kv_canary_real_data, kv_canary_real_kv / KV_CANARY_REAL_KV] none | partial | all
+    real_kv: str = "none"
+    # [kv_canary_token_check / SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT, KV_CANARY_TOKEN_CHECK] expected tokens
+    token_check: bool = True
+    # [kv_canary_stats_interval / SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS, KV_CANARY_STATS_INTERVAL] 0 = off
+    stats_interval: int = 0
+    # [kv_canary_ring_size / SGLANG_KV_CANARY_RING_CAPACITY, KV_CANARY_RING_SIZE] violation records kept on device
+    ring_size: int = 1024
+    # [kv_canary_swa_divergence_interval / SGLANG_KV_CANARY_SWA_DIVERGENCE_STATS_INTERVAL,
+    #  KV_CANARY_SWA_DIVERGENCE_INTERVAL] steps between SWA lines, 0 = off
     swa_divergence_interval: int = 0
     # [kv_canary_backend / -] auto | triton | torch; ops.py's KV_CANARY_BACKEND variable overrides it.
     backend: str = "auto"
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
+    sweep_interval: int = 0  # [kv_canary_sweep_interval / -] sglang's radix-tree sweep interval; not run here
 
     @property
     def enabled(self) -> bool:
@@ -78,21 +86,44 @@ def _flag(name: str, value: Any) -> bool:
     raise ValueError(f"{name} must be a boolean (1/0, true/false, on/off); got {value!r}")
 
 
-# field -> (server-arg attribute or None, environment variable, parser)
-_SOURCES: dict[str, tuple[Optional[str], Optional[str], Callable[[str, Any], Any]]] = {
-    "mode": ("kv_canary", "KV_CANARY", _choice(MODES)),
-    "real_kv": ("kv_canary_real_kv", "KV_CANARY_REAL_KV", _choice(REAL_KV_MODES)),
-    "token_check": ("kv_canary_token_check", "KV_CANARY_TOKEN_CHECK", _flag),
-    "stats_interval": ("kv_canary_stats_interval", "KV_CANARY_STATS_INTERVAL", _non_negative_int),
-    "ring_size": ("kv_canary_ring_size", "KV_CANARY_RING_SIZE", _positive_int),
-    "swa_divergence_interval": (
-        "kv_canary_swa_divergence_interval",
-        "KV_CANARY_SWA_DIVERGENCE_INTERVAL",
+# field -> (server-arg attributes, environment variables, parser); each list in precedence order.
+# sglang's own names come first where it has one (its ServerArgs fields, its SGLANG_KV_CANARY_*
+# variables in srt/environ.py); the runtime's earlier names stay as aliases.
+_SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any], Any]]] = {
+    "mode": (("kv_canary",), ("KV_CANARY",), _choice(MODES)),
+    "real_kv": (("kv_canary_real_data", "kv_canary_real_kv"), ("KV_CANARY_REAL_KV",), _choice(REAL_KV_MODES)),
+    "token_check": (
+        ("kv_canary_token_check",),
+        ("SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT", "KV_CANARY_TOKEN_CHECK"),
+        _flag,
+    ),
+    "stats_interval": (
+        ("kv_canary_stats_interval",),
+        ("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "KV_CANARY_STATS_INTERVAL"),
         _non_negative_int,
     ),
-    "backend": ("kv_canary_backend", None, _choice(BACKENDS)),
-    "dist_interval": ("kv_canary_dist_interval", "KV_CANARY_DIST_INTERVAL", _positive_int),
-    "token_window": (None, "KV_CANARY_TOKEN_WINDOW", _non_negative_int),
+    "ring_size": (("kv_canary_ring_size",), ("SGLANG_KV_CANARY_RING_CAPACITY", "KV_CANARY_RING_SIZE"), _positive_int),
+    "swa_divergence_interval": (
+        ("kv_canary_swa_divergence_interval",),
+        ("SGLANG_KV_CANARY_SWA_DIVERGENCE_STATS_INTERVAL", "KV_CANARY_SWA_DIVERGENCE_INTERVAL"),
+        _non_negative_int,
+    ),
+    "backend": (("kv_canary_backend",), (), _choice(BACKENDS)),
+    "dist_interval": (("kv_canary_dist_interval",), ("KV_CANARY_DIST_INTERVAL",), _positive_int),
+    "token_window": ((), ("KV_CANARY_TOKEN_WINDOW",), _non_negative_int),
+    "sweep_interval": (("kv_canary_sweep_interval",), (), _non_negative_int),
+}
+
+# sglang variables with no counterpart here: set to a value that asks for the feature, they are
+# named in one warning at install, so nobody believes a self-test is running when it is not.
+_UPSTREAM_ONLY = {
+    "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "upstream's fault self-test (perturbation)",
+    "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "upstream's fault self-test (perturbation)",
+    "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "upstream's fault self-test (perturbation)",
+    "SGLANG_KV_CANARY_PERTURB_REAL_KV_POST_FORWARD_PROB": "upstream's fault self-test (perturbation)",
+    "SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "upstream's fault self-test (perturbation)",
+    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "upstream's token-oracle input check",
+    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "upstream's token oracle",
 }
 
 
@@ -100,10 +131,48 @@ def load_settings(server_args: Any = None, environ: Optional[Mapping[str, str]] 
     """Build validated settings; the error names the server arg or variable that was wrong."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for field_name, (attr, var, parse) in _SOURCES.items():
-        raw = getattr(server_args, attr, None) if (attr and server_args is not None) else None
-        if raw is not None:
-            values[field_name] = parse(f"server_args.{attr}", raw)
-        elif var is not None and str(env.get(var, "")).strip() != "":
-            values[field_name] = parse(var, env[var])
+    for field_name, (attrs, variables, parse) in _SOURCES.items():
+        source = _first_set(server_args, attrs, env, variables)
+        if source is not None:
+            name, raw = source
+            values[field_name] = parse(name, raw)
     return CanarySettings(**values)
+
+
+def _first_set(server_args: Any, attrs: tuple, env: Mapping[str, str], variables: tuple) -> Optional[tuple[str, Any]]:
+    if server_args is not None:
+        for attr in attrs:
+            raw = getattr(server_args, attr, None)
+            if raw is not None:
+                return f"server_args.{attr}", raw
+    for var in variables:
+        if str(env.get(var, "")).strip() != "":
+            return var, env[var]
+    return None
+
+
+def unsupported_upstream(settings: CanarySettings, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """The sglang canary knobs that are set but have no effect here, each with why."""
+    env = os.environ if environ is None else environ
+    found = []
+    for var, what in _UPSTREAM_ONLY.items():
+        text = str(env.get(var, "")).strip().lower()
+        if text not in ("", "0", "0.0", "false", "no", "off"):
+            found.append(f"{var}={env[var]} ({what})")
+    if settings.sweep_interval:
+        found.append(
+            f"kv_canary_sweep_interval={settings.sweep_interval} (radix-tree sweep: only the slots each forward "
+            "reads and writes are verified)"
+        )
+    return found
+
+
+def warn_unsupported_upstream(server_args: Any, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Log one WARNING naming the sglang canary knobs that are set but do nothing in this runtime."""
+    import logging
+
+    found = unsupported_upstream(load_settings(server_args, environ), environ)
+    if found:
+        logging.getLogger("canary_instrument.runtime").warning(
+            "kv canary: set but not supported by canary_instrument.runtime, ignored: %s", "; ".join(found)
+        )

@@ -55,13 +55,29 @@ class CanaryGroup:
 
 @dataclass
 class PlanInputs:
-    """Per sub-forward plan, filled outside the graph, read by kernels inside it."""
+    """What one forward verifies and writes, read by the kernels from the batch's own device tensors.
 
-    num_reqs: "torch.Tensor"  # int32 [1]: real requests this forward (<= max_bs; the rest is graph padding)
-    req_pool_indices: "torch.Tensor"  # int64 [max_bs]
-    prefix_lens: "torch.Tensor"  # int32 [max_bs]: positions [0, prefix) exist and are verified pre-forward
-    extend_lens: "torch.Tensor"  # int32 [max_bs]: positions [prefix, prefix + extend) are written this forward
-    enabled: "torch.Tensor"  # int32 [1]: 0 during warm-up/capture before init finished
+    Nothing here is filled by the host per step: the tensors are the forward batch's (inside a
+    CUDA graph, the graph runner's static buffers), so a replay re-derives the plan from the new
+    values. Per request ``r < num_reqs``: positions ``[0, prefix)`` exist and are verified,
+    ``[prefix, prefix + extend)`` are written, where ``extend = extend_const`` if it is > 0, else
+    ``extend_lens[r]``, and ``prefix = prefix_lens[r] - extend`` when ``prefix_is_end`` (the batch
+    gives the length after the forward), else ``prefix_lens[r]``. A row whose req-pool index is 0
+    is graph padding (the engine never hands out req-pool row 0) and is skipped.
+    """
+
+    num_reqs: int  # rows of the batch; inside a CUDA graph the captured (padded) batch size
+    req_pool_indices: "torch.Tensor"  # any int dtype, [>= num_reqs]; 0 = padding row
+    prefix_lens: "torch.Tensor"  # any int dtype, [>= num_reqs]
+    extend_lens: Optional["torch.Tensor"]  # any int dtype, [>= num_reqs]; unused when extend_const > 0
+    enabled: "torch.Tensor"  # int32 [1], one per manager: 0 until init has finished (warm-up, capture)
+    extend_const: int = 0  # > 0: every request writes this many positions (decode 1, target verify its drafts)
+    prefix_is_end: bool = False
+    # Sampled-token table (target): compare the first new position of each request with the token
+    # the sampler produced for its row (decode forwards only).
+    check_sampled: bool = False
+    # Draft worker: verify positions p < prefix - margin against the target's token at p + 1; -1 = off.
+    target_margin: int = -1
 
 
 @dataclass
@@ -72,9 +88,14 @@ class CanaryState:
     realkv: str  # "none" | "partial" | "all"
     groups: list[CanaryGroup]
     req_to_token: "torch.Tensor"  # int32 [max_reqs, max_context]
-    # Expected-token table, int64 [max_reqs, max_context + 1], -1 = unknown; None disables the token check.
-    expected_tokens: Optional["torch.Tensor"]
     token_offset: int  # 1 on an EAGLE draft worker (draft slot p holds token p + 1), else 0
+    # Target: the token the sampler produced for each req-pool row, [max_reqs], -1 = none. The
+    # post-forward pass of a decode checks the row it wrote at the request's first new position
+    # against it, and every post-forward pass consumes (clears) the entries of its requests.
+    sampled_tokens: Optional["torch.Tensor"] = None
+    # Draft worker: the target's FULL-group K canary rows [slots, 4] (same req_to_token, same slot
+    # numbers); the pre-forward pass checks the token of draft position p against the target's p + 1.
+    target_rows: Optional["torch.Tensor"] = None
     swa_mapping: Optional["torch.Tensor"] = None  # int64 [full_slots]; SWA only
     swa_window: int = 0  # W: the SWA group verifies only the last W positions
     ring: Optional["torch.Tensor"] = None  # int64 [ring_size, 8] violation records

@@ -92,6 +92,17 @@ def state_spec(state: CanaryState) -> Spec:
     return spec
 
 
+def _expected_tokens(state: CanaryState, plan: PlanInputs, kernel_name: str) -> tuple:
+    """(EXPECTED mode, pointer, its row count, argument): 1 = the sampled-token table, read by the
+    post-forward pass (argument: check this forward); 2 = the target's rows, read by the pre-forward
+    pass of a draft worker (argument: the margin); 0 = no token check in this pass."""
+    if state.sampled_tokens is not None and kernel_name == "canary_post_forward":
+        return 1, state.sampled_tokens, state.sampled_tokens.shape[0], int(plan.check_sampled)
+    if state.target_rows is not None and kernel_name == "canary_pre_forward" and plan.target_margin >= 0:
+        return 2, state.target_rows, state.target_rows.shape[0], plan.target_margin
+    return 0, state.req_to_token, 0, 0
+
+
 class TritonCanaryOps:
     """The Triton backend behind ``get_ops``; identical results to ``reference.TorchCanaryOps``."""
 
@@ -138,15 +149,13 @@ class TritonCanaryOps:
             fp_words = min(PARTIAL_WORDS, words) if spec.realkv == "partial" else words
         launch = DEFAULT_LAUNCH[spec.realkv]
         block = self.block or launch.block
-        expected = state.expected_tokens
-        has_expected = expected is not None
-        expected_arg = expected if has_expected else state.req_to_token
+        expected_mode, expected, expected_len, expected_arg = _expected_tokens(state, plan, kernel_name)
+        extend = plan.extend_lens if plan.extend_const == 0 else plan.prefix_lens  # unread when constant
         args = list(leading) + [
-            plan.num_reqs, plan.enabled, plan.req_pool_indices, plan.prefix_lens, plan.extend_lens,
-            min(plan.req_pool_indices.numel(), plan.prefix_lens.numel(), plan.extend_lens.numel()),
+            plan.num_reqs, plan.enabled, plan.req_pool_indices, plan.prefix_lens, extend, plan.extend_const,
+            int(plan.prefix_is_end),
             state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
-            expected_arg, expected_arg.stride(0) if has_expected else 0,
-            expected_arg.shape[1] if has_expected else 0, state.token_offset,
+            expected, expected_len, expected_arg,
         ]
         for g in state.groups:
             args.append(g.rows)
@@ -165,8 +174,9 @@ class TritonCanaryOps:
             kernel[(self._grid(device, launch),)](
                 *args,
                 RING_SIZE=ring.shape[0],
-                HAS_EXPECTED=has_expected,
-                MAX_BS=_next_pow2(max(1, plan.req_pool_indices.numel())),
+                EXPECTED=expected_mode,
+                # Sized by the req-pool capacity, not the batch: one compiled variant serves every batch size.
+                MAX_BS=_next_pow2(max(1, plan.num_reqs, state.req_to_token.shape[0])),
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),

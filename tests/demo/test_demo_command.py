@@ -21,7 +21,11 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
     matrix_header = next(line for line in out.splitlines() if line.strip().startswith("fault "))
     assert matrix_header.split()[1:] == ["swa", "swa+eagle"]
     eagle_row = next(line for line in out.splitlines() if "EAGLE draft position off by one" in line)
-    assert eagle_row.split()[-2:] == ["+0", "token"]  # n/a without EAGLE, caught with it
+    # n/a without EAGLE; with it caught as a token mismatch by a later draft forward.
+    delay, reason = eagle_row.split()[-2:]
+    assert re.fullmatch(r"\+[1-9][0-9]*(\.\.[0-9]+)?", delay) and reason == "token"
+    swap_row = next(line for line in out.splitlines() if "two requests' tokens swapped" in line)
+    assert swap_row.split()[-4:] == ["+0", "token", "+0", "token"]  # caught on the step, with and without EAGLE
     assert "MISSED" not in out
     assert "Result: 13/13 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2
@@ -62,3 +66,13 @@ def test_pristine_engine_is_found_and_has_no_canary_wiring():
     for name in SITE_FILES:
         found = wiring.search(Path(root, name).read_text())
         assert found is None, f"{name} must be pristine (scaffold inserts the sites), found {found.group()}"
+
+
+def test_the_committed_gpu_overhead_figure_is_read_for_the_demo(tmp_path):
+    from canary_instrument.demo.overhead import COMMITTED_GPU_RESULT, committed_gpu_overhead
+
+    committed = committed_gpu_overhead()
+    assert COMMITTED_GPU_RESULT.is_file() and committed is not None
+    assert committed.device and committed.rows
+    assert all(line.count("canary +") == 1 and line.endswith("%)") for line in committed.lines())
+    assert committed_gpu_overhead(tmp_path / "missing.json") is None  # e.g. an installed package: no bench/

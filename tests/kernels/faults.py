@@ -60,9 +60,17 @@ def flipped_kv_byte(sc, rng):
 
 
 def wrong_token(sc, rng):
-    req, p, slot = _pick(sc, rng)
-    col = p + sc.state.token_offset
-    sc.state.expected_tokens[req.pool_index, col] += 1
+    """The token a row holds is not the one the engine's device data says it must be."""
+    if sc.state.sampled_tokens is not None:
+        # Target: the sampler produced another token for the request's first new position.
+        req = rng.choice([r for r in sc.requests if r.extend > 0])
+        sc.state.sampled_tokens[req.pool_index] += 1
+        return Target(0, req.prefix, req.pool_index)
+    # Draft worker: the target's row of position p + 1 holds another token than draft row p.
+    margin = sc.plan.target_margin
+    req = rng.choice([r for r in sc.requests if r.prefix - margin > 0])
+    p = rng.randrange(req.prefix - margin)
+    sc.state.target_rows[req.full_slots[p + 1], 0] += 1
     return Target(0, p, req.pool_index)
 
 

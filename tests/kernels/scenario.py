@@ -2,7 +2,13 @@
 
 A scenario is one forward step of a batch: every request's prefix rows are what earlier
 passes would have left (chain links, fingerprints, SWA mappings inside the window), and the
-plan asks to write ``extend`` new tokens per request. Tests mutate it to inject faults.
+plan asks to write ``extend`` new tokens per request. The batch is padded to ``max_bs`` rows
+the way a CUDA graph pads it: padding rows have req-pool index 0 and junk lengths, and their
+tokens sit in ``input_ids`` after the real ones. Expected tokens come as the runtime provides
+them: on a target (``token_offset`` 0) the sampled token of each request's first new position,
+checked by the post-forward pass; on a draft worker (``token_offset`` 1) the target's canary
+rows, checked by the pre-forward pass below ``prefix - target_margin``. Tests mutate the
+scenario to inject faults.
 """
 
 from __future__ import annotations
@@ -74,13 +80,14 @@ def make_scenario(
     swa_slots: int = 512,
     max_context: int = 96,
     expected_tokens: bool = True,
+    target_margin: int = 1,
     unfingerprinted: float = 0.2,
     device: str = "cpu",
 ) -> Scenario:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     max_reqs = max_bs + 3
-    pools = rng.sample(range(max_reqs), num_reqs)
+    pools = rng.sample(range(1, max_reqs), num_reqs)  # req-pool row 0 is the padding row
     requests: list[Request] = []
     for r in range(num_reqs):
         prefix = prefix_lens[r] if prefix_lens else rng.randint(0, max_prefix)
@@ -115,12 +122,16 @@ def make_scenario(
                 if s not in mapped:
                     mapped[s] = swa_free.pop()
                 mapping[s] = mapped[s]
-    expected = torch.full((max_reqs, max_context + 1), -1, dtype=torch.int64)
+    sampled = torch.full((max_reqs,), -1, dtype=torch.int32)
+    target_rows = torch.randint(-(2**62), 2**62, (full_slots, 4), dtype=torch.int64, generator=gen)
     for req in requests:
         req_to_token[req.pool_index, : len(req.full_slots)] = torch.tensor(req.full_slots, dtype=torch.int32)
-        if expected_tokens:
-            known = req.prefix + req.extend + token_offset
-            expected[req.pool_index, :known] = torch.tensor(req.tokens[:known])
+        if token_offset:
+            # The target's rows of positions [1, prefix + extend): target order, token p at position p.
+            for p in range(1, req.prefix + req.extend):
+                target_rows[req.full_slots[p], 0] = req.tokens[p]
+        elif req.extend:
+            sampled[req.pool_index] = req.tokens[req.prefix]  # what the sampler produced for the first new position
 
     groups = []
     for g, h in groups_spec:
@@ -146,30 +157,35 @@ def make_scenario(
                     fp = hashing.fingerprint_int([w & hashing.U64 for w in grp.kv_words[s, :n_words].tolist()])
                 grp.rows[s] = torch.tensor([row_tokens[p], p, hashing.as_signed(links[p]), hashing.as_signed(fp)])
 
-    new_tokens = []
-    for req in requests:
-        new_tokens += req.tokens[token_offset + req.prefix : token_offset + req.prefix + req.extend]
-    new_tokens += [rng.randrange(0, 128_000) for _ in range(3)]  # graph padding tail
-
     def padded(values, dtype, junk):
         out = torch.tensor([junk() for _ in range(max_bs)], dtype=dtype)
         out[: len(values)] = torch.tensor(values, dtype=dtype)
         return out
 
+    extend_lens = padded([q.extend for q in requests], torch.int32, lambda: rng.randrange(max_extend + 1))
+    new_tokens = []
+    for req in requests:
+        new_tokens += req.tokens[token_offset + req.prefix : token_offset + req.prefix + req.extend]
+    # Graph padding rows' tokens follow the real ones (their junk extend lengths), then slack.
+    new_tokens += [rng.randrange(0, 128_000) for _ in range(int(extend_lens[num_reqs:].sum()) + 3)]
+
     plan = PlanInputs(
-        num_reqs=torch.tensor([num_reqs], dtype=torch.int32),
-        req_pool_indices=padded([q.pool_index for q in requests], torch.int64, lambda: rng.randrange(max_reqs)),
+        num_reqs=max_bs,
+        req_pool_indices=padded([q.pool_index for q in requests], torch.int64, lambda: 0),
         prefix_lens=padded([q.prefix for q in requests], torch.int32, lambda: rng.randrange(max_prefix + 1)),
-        extend_lens=padded([q.extend for q in requests], torch.int32, lambda: rng.randrange(max_extend + 1)),
+        extend_lens=extend_lens,
         enabled=torch.tensor([1], dtype=torch.int32),
+        check_sampled=expected_tokens and not token_offset,
+        target_margin=target_margin if token_offset else -1,
     )
     state = CanaryState(
         layout=layout,
         realkv=realkv,
         groups=groups,
         req_to_token=req_to_token,
-        expected_tokens=expected if expected_tokens else None,
         token_offset=token_offset,
+        sampled_tokens=sampled if expected_tokens and not token_offset else None,
+        target_rows=target_rows if expected_tokens and token_offset else None,
         swa_mapping=mapping if layout == "swa" else None,
         swa_window=swa_window if layout == "swa" else 0,
         ring=torch.zeros((ring_size, 8), dtype=torch.int64),

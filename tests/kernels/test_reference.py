@@ -36,7 +36,7 @@ def test_clean_history_has_no_violations_and_next_pass_verifies_new_rows(layout,
     run_pass(sc)
     assert violations(sc.state) == []
     # Next pass: everything written above is now prefix and must verify clean, fingerprints included.
-    n = int(sc.plan.num_reqs[0])
+    n = len(sc.requests)
     sc.plan.prefix_lens[:n] += sc.plan.extend_lens[:n]
     sc.plan.extend_lens[:n] = 0
     before = int(sc.state.counters[2])
@@ -118,3 +118,26 @@ def test_each_fault_is_reported_with_its_reason_bit(layout, fault):
     assert hits[0][6] & EXPECTED_BITS[fault], hits
     if fault == "bad_swa_mapping":
         assert target.key[0] // 2 == GROUP_SWA
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_draft_rows_that_disagree_with_the_target_are_reported(layout):
+    sc = make_scenario(layout, "none", seed=21, num_reqs=3, prefix_lens=[24, 17, 30], extend_lens=[3, 1, 0],
+                       token_offset=1, target_margin=2)
+    target = inject(sc, "wrong_token")
+    run_pass(sc)
+    hits = [r for r in violations(sc.state) if (r[1], r[3], r[7]) == target.key]
+    assert hits and hits[0][0] == KERNEL_PRE and hits[0][6] == TOKEN
+
+
+def test_the_sampled_token_is_checked_once_and_only_when_the_plan_asks():
+    sc = make_scenario("mha", "none", seed=3, num_reqs=2, prefix_lens=[5, 7], extend_lens=[1, 1], share_prefix=False)
+    rows = [r.pool_index for r in sc.requests]
+    sc.state.sampled_tokens[rows] += 1  # every request was fed another token than the sampled one
+    quiet = sc.clone()
+    quiet.plan.check_sampled = False  # e.g. an extend or a target verify: not checked...
+    run_pass(quiet)
+    assert violations(quiet.state) == []
+    assert quiet.state.sampled_tokens.tolist() == [-1] * quiet.state.sampled_tokens.shape[0]  # ...but consumed
+    run_pass(sc)
+    assert {(r[3], r[6]) for r in violations(sc.state)} == {(5, TOKEN), (7, TOKEN)}

@@ -148,6 +148,39 @@ def test_faults_reported_identically_with_the_right_reason(device, layout, fault
     assert hits and hits[0][6] & EXPECTED_BITS[fault], (fault, target, violations(sc.state))
 
 
+@pytest.mark.parametrize("form", ["prefix_is_end", "extend_const"])
+def test_plans_given_as_end_lengths_or_a_fixed_extend_match(device, form):
+    # sglang's draft-extend replay gives seq_lens (the end) instead of prefix lengths; decode and target
+    # verify give one fixed extend length. Both must plan exactly what the (prefix, extend) form plans.
+    extend = [3, 3, 3] if form == "extend_const" else [2, 1, 19]
+    sc = make_scenario("swa", "partial", seed=7, num_reqs=3, max_bs=5, prefix_lens=[13, 9, 0], extend_lens=extend,
+                       swa_window=6, max_context=48, full_slots=160, swa_slots=96, device=device)
+    want = sc.clone()
+    run_both(want, _ops())
+    if form == "prefix_is_end":
+        sc.plan.prefix_lens += sc.plan.extend_lens
+        sc.plan.prefix_is_end = True
+    else:
+        sc.plan.extend_const = 3
+        sc.plan.extend_lens = None
+        # Padding rows now write the fixed length too: their junk tokens must sit in input_ids.
+        sc.input_ids = torch.cat([sc.input_ids, sc.input_ids[:6]])
+    got, _ = run_both(sc, _ops())
+    assert_same(got.state, want.state)
+
+
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_draft_token_check_against_the_target_rows(device, layout):
+    sc = make_scenario(layout, "none", seed=21, num_reqs=3, max_bs=4, prefix_lens=[14, 9, 11], extend_lens=[3, 1, 0],
+                       token_offset=1, target_margin=1, swa_window=6, max_context=40, full_slots=128, swa_slots=64)
+    run_both(sc.clone(), _ops())
+    target = inject(sc, "wrong_token", seed=4)
+    sc = to_device(sc, device)
+    run_both(sc, _ops())
+    hits = [r for r in violations(sc.state) if (r[1], r[3], r[7]) == target.key]
+    assert hits and hits[0][6] == TOKEN
+
+
 def test_ring_stays_bounded_when_violations_outnumber_it(device):
     sc = make_scenario("mha", "none", seed=9, num_reqs=2, max_bs=2, prefix_lens=[20, 20], extend_lens=[0, 0],
                        ring_size=4, share_prefix=False, device=device)

@@ -162,9 +162,12 @@ def test_files_outside_the_catalog_paths_are_checked_for_strays_and_uncovered_fo
         "    def run(self, forward_batch):\n"
         "        canary_ctx = contextlib.nullcontext()\n"
         "        with canary_ctx:\n"
-        "            return self.piecewise_graph_runner.replay(forward_batch)\n"
+        "            self.piecewise_graph_runner.replay(forward_batch)\n"
+        "        return self.piecewise_graph_runner.replay(forward_batch)\n"
     )
     result = check_tree([root], load_catalog(root))
+    # The replay inside the (uncatalogued) bracket is the stray's to report; the one after it is unguarded.
     assert [(f.path.name, f.line, f.code) for f in result.findings] == [
-        ("piecewise_runner.py", 6, "CI103"), ("piecewise_runner.py", 7, "CI103"), ("piecewise_runner.py", 8, "CI301"),
+        ("piecewise_runner.py", 6, "CI103"), ("piecewise_runner.py", 7, "CI103"), ("piecewise_runner.py", 9, "CI301"),
     ]
+    assert "nothing found in the tree calls PiecewiseRunner.run" in result.findings[2].message

@@ -30,5 +30,9 @@ def _clean_canary_env(monkeypatch):
         "KV_CANARY_SWA_DIVERGENCE_INTERVAL",
         "KV_CANARY_DIST_INTERVAL",
         "KV_CANARY_TOKEN_WINDOW",
+        "SGLANG_KV_CANARY_RING_CAPACITY",
+        "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS",
+        "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT",
+        "SGLANG_KV_CANARY_SWA_DIVERGENCE_STATS_INTERVAL",
     ):
         monkeypatch.delenv(var, raising=False)

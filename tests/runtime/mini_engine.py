@@ -1,12 +1,15 @@
 """A small sglang-shaped engine for the runtime tests: real pools, real batches, a model that writes KV.
 
 Its ``MiniRunner`` carries the same member the ``apply`` wiring generates (``canary_ctx``)
-and calls ``install_canary`` right after its pools exist, as the install hook does. Requests
-are driven by hand (extend, decode, multi-step EAGLE-style draft) so tests control every step.
+and calls ``install_canary`` right after its pools exist, as the install hook does, and has
+sglang's ``sample(logits_output, forward_batch)``. Requests are driven by hand (extend, decode,
+multi-step EAGLE-style draft) so tests control every step. As in sglang, req-pool row 0 is
+never handed out: CUDA-graph padding rows point at it.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -54,14 +57,16 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     extend_prefix_lens: Optional[torch.Tensor] = None
     extend_seq_lens: Optional[torch.Tensor] = None
-    canary_token_ids: Optional[list] = None
     spec_info: Optional[object] = None
+    num_tokens_per_req: Optional[int] = None
 
 
 class ReqToTokenPool:
+    """``size`` usable rows plus row 0, the padding row (sglang's layout)."""
+
     def __init__(self, size: int, max_context_len: int, device):
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
-        self.free = list(range(size))
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=device)
+        self.free = list(range(1, size + 1))
 
 
 class MHATokenToKVPool:
@@ -157,6 +162,16 @@ class MiniRunner:
         with self.canary_ctx(forward_batch, outside=[0], active=0):
             return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
+    def sample(self, logits_output, forward_batch):
+        """sglang's ``ModelRunner.sample``: one next token per request. The tiny model has no logits, so
+        the tests choose the tokens (``forward_and_sample``) and this returns them as a sampler would."""
+        return logits_output
+
+    def forward_and_sample(self, forward_batch, next_tokens):
+        """A serving step: the forward, then the sampler producing ``next_tokens`` (one per request)."""
+        self.forward(forward_batch)
+        return self.sample(torch.tensor(next_tokens, dtype=torch.int32, device=self.device), forward_batch)
+
 
 @dataclass
 class Req:
@@ -168,7 +183,7 @@ class Req:
 class Scheduler:
     """Allocates rows and slots, builds batches, evicts out-of-window SWA slots."""
 
-    def __init__(self, runner: MiniRunner, token_ids: bool = True):
+    def __init__(self, runner: MiniRunner):
         self.runner = runner
         self.device = runner.device
         pool = runner.token_to_kv_pool
@@ -179,7 +194,6 @@ class Scheduler:
         if self.swa:
             # Handed out from the top so SWA indices differ from full indices (a real remapping).
             self.free_swa = list(range(pool.swa_kv_pool.k_buffer[0].shape[0] - 1, 0, -1))
-        self.send_token_ids = token_ids
 
     def _alloc(self, n):
         slots, self.free_slots = self.free_slots[:n], self.free_slots[n:]
@@ -259,7 +273,6 @@ class Scheduler:
             out_cache_loc=t(locs),
             extend_prefix_lens=t(prefix, torch.int32) if prefix is not None else None,
             extend_seq_lens=t(extend, torch.int32) if extend is not None else None,
-            canary_token_ids=[list(r.tokens[: len(r.slots)]) for r in reqs] if self.send_token_ids else None,
         )
 
     def finish(self, req: Req):
@@ -281,20 +294,17 @@ class RecordingOps:
         self.manager = manager
         self.model = model
         self.calls = []
+        self.plans = []  # the PlanInputs of each call
         manager.ops = self
 
     def _record(self, kernel, plan):
-        index = next(i for i, s in enumerate(self.manager.single_forward_managers) if s.plan is plan)
-        n = int(plan.num_reqs[0])
+        self.plans.append(plan)
         self.calls.append(
             dict(
                 kernel=kernel,
-                index=index,
+                index=self.manager._active.index,
                 enabled=int(plan.enabled[0]),
-                num_reqs=n,
-                req_pool_indices=plan.req_pool_indices[:n].tolist(),
-                prefix=plan.prefix_lens[:n].tolist(),
-                extend=plan.extend_lens[:n].tolist(),
+                **plan_rows(plan),
                 model_calls=self.model.forward_calls,
             )
         )
@@ -308,7 +318,18 @@ class RecordingOps:
         self.inner.post_forward(state, plan)
 
 
-def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=None):
+def plan_rows(plan) -> dict:
+    """What a plan asks for, per batch row, as the kernels read it (``state.PlanInputs``)."""
+    n = plan.num_reqs
+    rows = plan.req_pool_indices[:n].tolist()
+    extend = [plan.extend_const] * n if plan.extend_const > 0 else plan.extend_lens[:n].tolist()
+    prefix = plan.prefix_lens[:n].tolist()
+    if plan.prefix_is_end:
+        prefix = [p - e for p, e in zip(prefix, extend)]
+    return dict(num_reqs=n, req_pool_indices=rows, prefix=prefix, extend=extend)
+
+
+def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses):
     """A multi-step draft: the outside batch (decode mode) and one batch per step (its own tokens and slots)."""
     import dataclasses
 
@@ -322,11 +343,10 @@ def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=No
         forward_mode=ForwardMode.DECODE,
         batch_size=len(reqs),
         req_pool_indices=torch.tensor([r.row for r in reqs], device=dev),
-        seq_lens=torch.tensor([f + 1 for f in first], device=dev),
+        seq_lens=torch.tensor(first, device=dev),  # an EAGLE draft's seq_lens stay pre-bump (sglang)
         input_ids=torch.tensor([g[0] for g in guesses], device=dev),
         positions=torch.tensor(first, device=dev),
         out_cache_loc=torch.tensor([s[0] for s in slots], device=dev),
-        canary_token_ids=token_ids,
     )
     per_step = [
         dataclasses.replace(
@@ -338,3 +358,56 @@ def draft_step_batches(sched: Scheduler, reqs, steps: int, guesses, token_ids=No
         for i in range(steps)
     ]
     return outer, per_step
+
+
+class GraphRunner:
+    """Decode graphs per batch size over static buffers, like sglang's CudaGraphRunner (CUDA only).
+
+    Captured before ``mark_init_finished`` through the capture site's wiring (the active
+    sub-forward only); ``replay`` pads the batch with req-pool row 0, position 0 and slot 0."""
+
+    def __init__(self, runner, sizes=(1, 2, 4), steps=1):
+        self.runner, self.sizes, self.steps = runner, sorted(sizes), steps
+        dev, n = runner.device, max(sizes)
+        self.buffers = {name: torch.zeros((steps, n), dtype=torch.int64, device=dev)
+                        for name in ("input_ids", "positions", "out_cache_loc")}
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=dev)
+        self.graphs = {}
+        manager = runner.canary_manager
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):
+            batches = [self._static(bs, i) for i in range(steps)]
+
+            def run_once():
+                for i, b in enumerate(batches):
+                    # The capture site: only the active sub-forward, no plan (init has not finished).
+                    with manager.with_active_single_forward_manager(i):
+                        runner.model.forward(b.input_ids, b.positions, b)
+
+            for _ in range(2):
+                torch.cuda.synchronize()
+                run_once()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                run_once()
+            self.graphs[bs] = graph
+
+    def _static(self, bs, i):
+        return ForwardBatch(ForwardMode.DECODE, bs, self.req_pool_indices[:bs], self.seq_lens[:bs],
+                            self.buffers["input_ids"][i, :bs], self.buffers["positions"][i, :bs],
+                            self.buffers["out_cache_loc"][i, :bs])
+
+    def replay(self, per_step):
+        raw = per_step[0].batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, raw)]
+        for buf in self.buffers.values():
+            buf.zero_()  # padding requests write slot 0, the padding slot
+        self.req_pool_indices.zero_()
+        self.seq_lens.fill_(1)
+        self.req_pool_indices[:raw].copy_(per_step[0].req_pool_indices)
+        self.seq_lens[:raw].copy_(per_step[0].seq_lens)
+        for i, b in enumerate(per_step):
+            for name in self.buffers:
+                self.buffers[name][i, :raw].copy_(getattr(b, name))
+        self.graphs[bs].replay()

@@ -14,17 +14,18 @@ def _findings(layout, backend, dev):
     sched = Scheduler(runner)
     mark_init_finished(runner.canary_manager)
     reqs = [sched.new_request([1, 2, 3, 4, 5]), sched.new_request([6, 7, 8])]
-    runner.forward(sched.extend(reqs))
+    runner.forward_and_sample(sched.extend(reqs), [10, 20])
     for i in range(3):
-        runner.forward(sched.decode(reqs, [10 + i, 20 + i]))
+        runner.forward_and_sample(sched.decode(reqs, [10 + i, 20 + i]), [11 + i, 21 + i])
     clean = runner.canary_manager.flush()
-    batch = sched.decode(reqs, [30, 31])
-    runner.req_to_token_pool.req_to_token[reqs[0].row, 6] = reqs[1].slots[4]  # remapped, same position
+    batch = sched.decode(reqs, [13, 23])
+    batch.input_ids = batch.input_ids.flip(0)  # each request fed the other's sampled token
+    runner.req_to_token_pool.req_to_token[reqs[0].row, 6] = reqs[1].slots[4]  # remapped, other position
     pool = runner.token_to_kv_pool
     layer0 = pool.kv_buffer[0] if layout == "mla" else (pool.full_kv_pool if layout == "swa" else pool).k_buffer[0]
     layer0[reqs[1].slots[1]].view(-1)[0] += 1.0  # flipped real-KV bytes
-    runner.forward(batch)
-    runner.forward(sched.decode(reqs, [32, 33]))
+    runner.forward_and_sample(batch, [14, 24])
+    runner.forward(sched.decode(reqs, [14, 24]))
     return clean, runner.canary_manager.flush(), runner.canary_manager.stats()
 
 
@@ -39,5 +40,5 @@ def test_triton_and_torch_backends_agree(layout, dev, monkeypatch):
     assert sorted(map(repr, found_k)) == sorted(map(repr, found_t))
     assert stats_k == stats_t
     reasons = set().union(*(v.reasons for v in found_t))
-    assert {"fingerprint", "token"} <= reasons
+    assert {"fingerprint", "token", "position"} <= reasons
     assert {v.position for v in found_t if "fingerprint" in v.reasons} == {1}

@@ -1,12 +1,16 @@
-"""Expected-token checking: a per-request table filled from the batch's known token ids."""
+"""Expected tokens from device data only: the target's sampled-token table and the EAGLE draft's
+check against the target's rows. No host token lists reach the runtime."""
 
+import dataclasses
 from types import SimpleNamespace
 
+import pytest
 import torch
+from torch.profiler import profile
 
 from canary_instrument.runtime import mark_init_finished
 
-from .mini_engine import ForwardMode, MiniRunner, Scheduler, server_args
+from .mini_engine import ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
 
 
 def _serving(dev, **args):
@@ -19,9 +23,9 @@ def _serving(dev, **args):
 def test_swapped_next_tokens_are_caught_on_the_step(dev):
     runner, sched = _serving(dev)
     reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5, 6, 7])]
-    runner.forward(sched.extend(reqs))
+    runner.forward_and_sample(sched.extend(reqs), [50, 60])
     batch = sched.decode(reqs, [50, 60])
-    batch.input_ids = batch.input_ids.flip(0)  # the model is fed each other's next token
+    batch.input_ids = batch.input_ids.flip(0)  # the model is fed each other's sampled token
     runner.forward(batch)
     found = runner.canary_manager.flush()
     assert found and {v.reasons for v in found} == {frozenset({"token"})}
@@ -32,14 +36,59 @@ def test_swapped_next_tokens_are_caught_on_the_step(dev):
     }
 
 
+def test_a_stale_token_fed_back_is_caught(dev):
+    runner, sched = _serving(dev)
+    req = sched.new_request([1, 2, 3])
+    runner.forward_and_sample(sched.extend([req]), [7])
+    runner.forward_and_sample(sched.decode([req], [7]), [8])
+    runner.forward(sched.decode([req], [7]))  # the previous step's token again, not the sampled 8
+    found = runner.canary_manager.flush()
+    assert {(v.position, v.stored, v.expected, v.reasons) for v in found} == {(4, 7, 8, frozenset({"token"}))}
+
+
 def test_without_the_token_check_a_swap_goes_unseen(dev):
     runner, sched = _serving(dev, kv_canary_token_check=False)
-    assert runner.canary_manager.state.expected_tokens is None
+    assert runner.canary_manager.state.sampled_tokens is None
+    assert "sample" not in vars(runner)  # the sampler is not wrapped
     reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5, 6, 7])]
-    runner.forward(sched.extend(reqs))
+    runner.forward_and_sample(sched.extend(reqs), [50, 60])
     batch = sched.decode(reqs, [50, 60])
     batch.input_ids = batch.input_ids.flip(0)
     runner.forward(batch)
+    assert runner.canary_manager.flush() == []
+
+
+def test_a_chunked_prefills_discarded_sample_is_never_checked(dev):
+    runner, sched = _serving(dev)
+    prompt = [11, 12, 13, 14, 15, 16]
+    req = sched.new_request(prompt[:3])
+    runner.forward_and_sample(sched.extend([req]), [99])  # chunk 1: the engine discards this sample
+    req.tokens = list(prompt)
+    runner.forward_and_sample(sched.extend([req]), [40])  # chunk 2 writes prompt[3] where 99 was sampled
+    runner.forward_and_sample(sched.decode([req], [40]), [41])
+    runner.forward(sched.decode([req], [41]))
+    assert runner.canary_manager.flush() == []
+    assert runner.canary_manager.stats().written == 2 * 8
+
+
+def test_an_entry_is_consumed_by_the_next_forward_of_its_row(dev):
+    runner, sched = _serving(dev, speculative_num_steps=3)
+    old = sched.new_request([1, 2, 3])
+    runner.forward_and_sample(sched.extend([old]), [70])  # sampled, then the request finishes
+    sched.finish(old)
+    free_rows = runner.req_to_token_pool.free
+    free_rows.insert(0, free_rows.pop(free_rows.index(old.row)))
+    new = sched.new_request([4, 5, 6])
+    assert new.row == old.row
+    runner.forward(sched.extend([new]))  # a new owner's extend, with no sample after it
+    runner.forward(sched.decode([new], [9]))  # position 3 again: the old entry (70) must be gone
+    table = runner.canary_manager.state.sampled_tokens
+    assert int(table[new.row]) == -1
+    # A target verify (EAGLE decodes through it, not through the sampler) consumes the entry too.
+    runner.forward_and_sample(sched.decode([new], [10]), [80])
+    verify, _ = _target_verify(sched, [new], [[81, 82, 83]])
+    runner.forward(verify)
+    runner.forward(sched.decode([new], [90]))
     assert runner.canary_manager.flush() == []
 
 
@@ -52,72 +101,150 @@ def _target_verify(sched, reqs, drafts):
         r.slots += slots
         locs += slots
         ids += d
+        r.tokens += d
     sched._map(reqs)
     batch = sched._batch(reqs, ForwardMode.TARGET_VERIFY, ids, pos, locs)
     batch.seq_lens = torch.tensor(cached, device=sched.device)
     batch.spec_info = SimpleNamespace(draft_token_num=len(drafts[0]))
-    batch.canary_token_ids = [list(r.tokens) for r in reqs]
     return batch, cached
 
 
-def _accept(sched, reqs, drafts, cached, accepted):
-    for r, d, n, a in zip(reqs, drafts, cached, accepted):
-        r.tokens += d[:a]
-        sched.free_slots += r.slots[n + a :]
-        r.slots = r.slots[: n + a]
-
-
-def test_target_verify_rounds_with_partial_acceptance_stay_clean(dev):
-    runner, sched = _serving(dev, speculative_num_steps=3)
-    reqs = [sched.new_request([1, 2, 3, 4]), sched.new_request([5, 6])]
-    runner.forward(sched.extend(reqs))
-    accepted_plan = [(3, 0), (1, 2), (0, 3), (2, 2), (3, 1)]
-    for round_, accepted in enumerate(accepted_plan):
-        drafts = [[10 * round_ + j for j in range(3)], [10 * round_ + 5 + j for j in range(3)]]
-        batch, cached = _target_verify(sched, reqs, drafts)
-        runner.forward(batch)
-        _accept(sched, reqs, drafts, cached, accepted)
-    assert runner.canary_manager.flush() == []
-    stats = runner.canary_manager.stats()
-    assert stats.pre_runs == 1 + len(accepted_plan)
-
-
-def test_accepted_token_that_differs_from_what_was_written_is_caught(dev):
-    runner, sched = _serving(dev, speculative_num_steps=3)
-    reqs = [sched.new_request([1, 2, 3, 4])]
-    runner.forward(sched.extend(reqs))
-    drafts = [[70, 71, 72]]
-    batch, cached = _target_verify(sched, reqs, drafts)
+def test_the_sampler_wrap_costs_one_device_op(dev):
+    runner, sched = _serving(dev)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
+    batch = sched.extend(reqs)
     runner.forward(batch)
-    # The engine records a different token than the one whose KV it kept (an off-by-one in acceptance).
-    _accept(sched, reqs, [[70, 99, 72]], cached, [2])
-    batch, cached = _target_verify(sched, reqs, [[80, 81, 82]])
-    runner.forward(batch)
-    found = runner.canary_manager.flush()
-    assert {(v.position, v.stored, v.expected) for v in found} == {(5, 71, 99)}
+    next_ids = torch.tensor([5, 6], dtype=torch.int32, device=dev)
+    with profile() as prof:
+        runner.sample(next_ids, batch)
+    ops = [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+    assert ops == ["aten::index_copy_"]
+    assert runner.canary_manager.state.sampled_tokens[[r.row for r in reqs]].tolist() == [5, 6]
+
+
+# ---------------------------------------------------------------------- EAGLE draft worker
+
+STEPS = 3  # speculative_num_steps: two draft sub-forwards, three draft tokens per verify
+
+
+class Eagle:
+    """A target runner and a draft runner sharing req_to_token and slot numbers, as EAGLE's do."""
+
+    def __init__(self, dev):
+        args = server_args(speculative_num_steps=STEPS)
+        self.target = MiniRunner(args, device=dev, size=512, max_context=64)
+        self.draft = MiniRunner(args, device=dev, size=512, max_context=64, is_draft_worker=True,
+                                req_to_token_pool=self.target.req_to_token_pool)
+        self.sched = Scheduler(self.target)
+        self.dev = dev
+        for runner in (self.target, self.draft):
+            mark_init_finished(runner.canary_manager)
+
+    def prefill(self, prompts, sampled, rotate=True):
+        """Target extend + sample, then the draft-extend over the same positions with ids rotated by one.
+        The sampled tokens are not in the cache yet: they are the next verify's first inputs."""
+        reqs = [self.sched.new_request(p) for p in prompts]
+        batch = self.sched.extend(reqs)
+        self.target.forward_and_sample(batch, sampled)
+        ids = []
+        for r, s in zip(reqs, sampled):
+            known = r.tokens + [s]
+            ids += known[1:] if rotate else known[:-1]
+        self._draft_extend(dataclasses.replace(batch, forward_mode=ForwardMode.DRAFT_EXTEND,
+                                               input_ids=torch.tensor(ids, device=self.dev)))
+        return reqs
+
+    def _draft_extend(self, batch):
+        manager = self.draft.canary_manager
+        with manager.with_ops_outside_graph([0], batch), manager.with_active_single_forward_manager(0):
+            self.draft.model.forward(batch.input_ids, batch.positions, batch)
+
+    def draft_chain(self, reqs):
+        """The multi-step draft: STEPS - 1 forwards writing positions c, c + 1 (c = cached length)."""
+        manager = self.draft.canary_manager
+        outer, steps = draft_step_batches(self.sched, reqs, STEPS - 1, [[100 + i for i in range(STEPS - 1)]] * len(reqs))
+        with manager.with_ops_outside_graph(range(STEPS - 1), outer):
+            for i, step in enumerate(steps):
+                with manager.with_active_single_forward_manager(i):
+                    self.draft.model.forward(step.input_ids, step.positions, step)
+        for r in reqs:  # the chain's slots are released; verify allocates its own
+            self.sched.free_slots += r.slots[-(STEPS - 1):]
+            r.slots = r.slots[: -(STEPS - 1)]
+
+
+def _eagle_round(e, reqs, last, drafts, accepted, bonus, swap_first=False):
+    """One EAGLE decode step after the draft chain: verify [last, drafts] on the target, keep
+    ``accepted`` drafts plus ``bonus``, draft-extend the verified positions; returns the new last tokens."""
+    sched = e.sched
+    ids = [[t] + d for t, d in zip(last, drafts)]
+    if swap_first:
+        ids[0][0], ids[1][0] = ids[1][0], ids[0][0]
+    verify, cached = _target_verify(sched, reqs, ids)
+    e.target.forward(verify)
+    # Target predictions: the accepted drafts, the bonus, then whatever follows a rejection.
+    predicts = [d[:a] + [b] + [200 + j for j in range(len(d) - a)] for d, a, b in zip(drafts, accepted, bonus)]
+    extend = dataclasses.replace(
+        verify, forward_mode=ForwardMode.DRAFT_EXTEND, seq_lens=verify.seq_lens + STEPS,
+        input_ids=torch.tensor([t for p in predicts for t in p], device=e.dev),
+        extend_prefix_lens=None, extend_seq_lens=torch.full((len(reqs),), STEPS, device=e.dev),
+        num_tokens_per_req=STEPS, spec_info=None,
+    )
+    e._draft_extend(extend)
+    for r, n, a in zip(reqs, cached, accepted):
+        del r.tokens[n + 1 + a :]  # verify appended [last, drafts]; keep last + the accepted ones
+        sched.free_slots += r.slots[n + 1 + a :]
+        r.slots = r.slots[: n + 1 + a]
+    return list(bonus)  # not in the cache yet: the next verify's first inputs
+
+
+def test_eagle_rounds_with_partial_acceptance_stay_clean(dev):
+    e = Eagle(dev)
+    assert e.draft.canary_manager.state.target_rows is e.target.canary_manager.state.groups[0].rows
+    reqs = e.prefill([[1, 2, 3, 4], [5, 6, 7, 8, 9]], [10, 11])
+    last = [10, 11]
+    for round_, accepted in enumerate([(2, 0), (0, 1), (1, 2), (2, 2)]):
+        e.draft_chain(reqs)
+        drafts = [[30 + 3 * round_ + j for j in range(STEPS - 1)], [60 + 3 * round_ + j for j in range(STEPS - 1)]]
+        last = _eagle_round(e, reqs, last, drafts, accepted, [40 + round_, 70 + round_])
+    assert e.draft.canary_manager.flush() == [] and e.target.canary_manager.flush() == []
+    assert e.draft.canary_manager.stats().pre_runs == 1 + 4 * (STEPS - 1) + 4
+
+
+def test_draft_extend_without_the_rotation_is_caught(dev):
+    e = Eagle(dev)
+    reqs = e.prefill([[1, 2, 3, 4, 5, 6]], [7], rotate=False)  # draft slot p gets token p, not p + 1
+    e.draft_chain(reqs)
+    found = e.draft.canary_manager.flush()
+    assert found and {v.reasons for v in found} == {frozenset({"token"})}
+    assert {v.kernel for v in found} == {"pre_forward"}
+    # Positions 0..4 are checked against the target's rows 1..5 (row 5's token 6 sits at draft
+    # position 5, whose target row 6 does not exist yet).
+    assert sorted({(v.position, v.stored, v.expected) for v in found}) == [(p, p + 1, p + 2) for p in range(5)]
+
+
+def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
+    e = Eagle(dev)
+    reqs = e.prefill([[1, 2, 3, 4], [5, 6, 7, 8, 9]], [10, 11])
+    e.draft_chain(reqs)
+    _eagle_round(e, reqs, [10, 11], [[20, 21], [50, 51]], (1, 1), [30, 60], swap_first=True)
+    found = e.draft.canary_manager.flush()
+    assert e.target.canary_manager.flush() == []  # the target's own rows are consistent
+    # The draft's row of position n - 1 holds the sampled token n; the target's row n got the other request's.
+    assert {(v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
+        (reqs[0].row, 3, 10, 11),
+        (reqs[1].row, 4, 11, 10),
+    }
     assert {v.reasons for v in found} == {frozenset({"token"})}
 
 
-def test_a_reused_row_never_inherits_the_previous_requests_tokens(dev):
-    runner, sched = _serving(dev, speculative_num_steps=3)
-    old = sched.new_request(list(range(100, 130)))
-    runner.forward(sched.extend([old]))
-    for i in range(5):
-        runner.forward(sched.decode([old], [200 + i]))
-    sched.finish(old)
-    free_rows = runner.req_to_token_pool.free
-    free_rows.insert(0, free_rows.pop(free_rows.index(old.row)))
-    new = sched.new_request([7, 8])
-    assert new.row == old.row
-    runner.forward(sched.extend([new]))
-    # Draft tokens land on positions the old request's tokens occupied in this table row.
-    for round_ in range(12):
-        drafts = [[400 + 3 * round_ + j for j in range(3)]]
-        batch, cached = _target_verify(sched, [new], drafts)
-        runner.forward(batch)
-        _accept(sched, [new], drafts, cached, [round_ % 4])
-    assert len(new.tokens) > 12
-    assert runner.canary_manager.flush() == []
-    known = batch.canary_token_ids[0]  # what the last forward knew
-    table = runner.canary_manager.state.expected_tokens
-    assert table[new.row, : len(known)].tolist() == known
+def test_a_draft_runner_without_a_target_has_no_token_check(dev, caplog):
+    args = server_args(speculative_num_steps=STEPS)
+    draft = MiniRunner(args, device=dev, is_draft_worker=True)
+    assert draft.canary_manager.state.target_rows is None
+    assert "found no target canary" in caplog.text
+
+
+@pytest.mark.parametrize("topk", [2, 4])
+def test_eagle_draft_trees_are_refused_at_install(dev, topk):
+    with pytest.raises(ValueError, match="speculative_eagle_topk"):
+        MiniRunner(server_args(speculative_num_steps=STEPS, speculative_eagle_topk=topk), device=dev)

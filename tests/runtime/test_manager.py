@@ -30,18 +30,21 @@ def test_plan_then_verify_write_then_fingerprint_per_forward(dev):
     runner.forward(batch)
 
     pre, post = ops.calls
-    # The plan was filled from the real batch before the pre-forward pass ran.
+    # The plan came from the real batch before the pre-forward pass ran...
     assert pre == dict(kernel="pre", index=0, enabled=1, num_reqs=2, req_pool_indices=[a.row, b.row],
                        prefix=[0, 0], extend=[3, 5], model_calls=0)
+    # ...as the batch's own device tensors: nothing was copied or sent for it.
+    plan = ops.plans[0]
+    assert plan.req_pool_indices is batch.req_pool_indices
+    assert plan.prefix_lens is batch.extend_prefix_lens and plan.extend_lens is batch.extend_seq_lens
     # Post-ops ran after the real forward, with the same plan.
-    assert post == dict(pre, kernel="post", model_calls=1)
+    assert post == dict(pre, kernel="post", model_calls=1) and ops.plans[1] is plan
     rows = manager.state.groups[0].rows
     written = rows[torch.tensor(a.slots + b.slots)]
     assert written[:, 1].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]  # positions
     assert written[:, 0].tolist() == [5, 6, 7, 9, 10, 11, 12, 13]  # tokens
     assert bool((written[:, 3] != 0).all())  # post-forward stored the real-KV fingerprints
-    # After the step the plan is disabled again, so a replay without a fresh plan does nothing.
-    assert int(manager.single_forward_managers[0].plan.enabled[0]) == 0
+    assert manager.single_forward_managers[0].plan is None  # nothing kept past the forward
     assert manager.step == 1
 
 
@@ -64,11 +67,10 @@ def test_multi_step_draft_dispatches_each_step_to_its_sub_forward_manager(dev):
     target_tokens = [3, 1, 4, 1, 5]
     req = sched.new_request(target_tokens[1:])  # draft slot p holds target token p + 1
     extend = sched.extend([req])
-    extend.canary_token_ids = [target_tokens]
     with manager.with_ops_outside_graph([0], extend), manager.with_active_single_forward_manager(0):
         runner.model.forward(extend.input_ids, extend.positions, extend)
 
-    outer, steps = draft_step_batches(sched, [req], 2, guesses=[[60, 61]], token_ids=[target_tokens])
+    outer, steps = draft_step_batches(sched, [req], 2, guesses=[[60, 61]])
     with manager.with_ops_outside_graph(range(2), outer):
         for i, step in enumerate(steps):
             with manager.with_active_single_forward_manager(i):
@@ -172,7 +174,6 @@ def test_exception_in_the_forward_resets_the_phase(dev):
         with manager.with_ops_outside_graph([0], batch), manager.with_active_single_forward_manager(0):
             1 / 0
     assert manager.single_forward_managers[0].phase == "idle"
-    assert int(manager.single_forward_managers[0].plan.enabled[0]) == 0
     runner.forward(batch)
     assert manager.flush() == []
 

@@ -22,6 +22,31 @@ def test_server_args_win_over_environment():
     assert settings.ring_size == 64
 
 
+def test_sglang_names_come_before_the_older_aliases():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(kv_canary="log", kv_canary_real_data="partial", kv_canary_real_kv="all")
+    env = {"SGLANG_KV_CANARY_RING_CAPACITY": "64", "KV_CANARY_RING_SIZE": "32",
+           "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "5", "KV_CANARY_STATS_INTERVAL": "9"}
+    settings = load_settings(args, env)
+    assert (settings.real_kv, settings.ring_size, settings.stats_interval) == ("partial", 64, 5)
+    # An absent sglang name falls through to the alias.
+    assert load_settings(SimpleNamespace(kv_canary="log", kv_canary_real_kv="all"), {"KV_CANARY_RING_SIZE": "32"}) \
+        .ring_size == 32
+
+
+def test_sweep_interval_is_validated_and_named_as_unsupported():
+    from types import SimpleNamespace
+
+    from canary_instrument.runtime.settings import unsupported_upstream
+
+    settings = load_settings(SimpleNamespace(kv_canary="log", kv_canary_sweep_interval=4), {})
+    assert settings.sweep_interval == 4
+    assert [f.split("=")[0] for f in unsupported_upstream(settings, {})] == ["kv_canary_sweep_interval"]
+    with pytest.raises(ValueError, match=r"server_args.kv_canary_sweep_interval must be an integer >= 0"):
+        load_settings(SimpleNamespace(kv_canary_sweep_interval=-1), {})
+
+
 def test_swa_divergence_interval_from_server_args():
     assert load_settings(server_args(kv_canary_swa_divergence_interval=7), {}).swa_divergence_interval == 7
     with pytest.raises(ValueError, match="server_args.kv_canary_swa_divergence_interval"):

@@ -1,8 +1,8 @@
 """Named points where test tooling (fault injection, tracing) may observe or alter a running engine.
 
 Points: `batch_built` (a target ForwardBatch, before its forward), `draft_extend_batch`
-(an EAGLE draft-extend ForwardBatch, before its forward), `step_end` (after a scheduler
-step has committed its tokens). With nothing registered a point costs one dict lookup.
+(an EAGLE draft-extend ForwardBatch and the scheduler's batch it came from, before its
+forward), `step_end` (after a scheduler step has committed its tokens). With nothing registered a point costs one dict lookup.
 """
 
 from __future__ import annotations

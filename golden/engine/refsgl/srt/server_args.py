@@ -11,6 +11,7 @@ import torch
 ATTENTION_LAYOUTS = ("mha", "mla", "swa")
 KV_CANARY_MODES = ("none", "log", "raise")
 KV_CANARY_REAL_KV_MODES = ("none", "partial", "all")
+ATTENTION_BACKENDS = ("auto", "torch_native", "triton")
 
 
 @dataclass
@@ -43,6 +44,9 @@ class ServerArgs:
     speculative_algorithm: Optional[str] = None  # None | "EAGLE"
     speculative_num_steps: Optional[int] = None  # EAGLE draft chain length; 3 when EAGLE is on, else None
 
+    # Attention kernels: "auto" picks triton on CUDA and torch_native (the reference) elsewhere.
+    attention_backend: str = "auto"
+
     # Graphs and tracing.
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 8
@@ -56,6 +60,7 @@ class ServerArgs:
         self._choice("attention_layout", ATTENTION_LAYOUTS)
         self._choice("kv_canary", KV_CANARY_MODES)
         self._choice("kv_canary_real_kv", KV_CANARY_REAL_KV_MODES)
+        self._choice("attention_backend", ATTENTION_BACKENDS)
         if self.speculative_algorithm not in (None, "EAGLE"):
             raise ValueError(f"ServerArgs.speculative_algorithm: expected None or 'EAGLE', got {self.speculative_algorithm!r}")
         if self.speculative_algorithm == "EAGLE" and self.speculative_num_steps is None:
@@ -74,6 +79,8 @@ class ServerArgs:
             raise ValueError("ServerArgs.enable_mixed_chunk: not supported with speculative decoding")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.attention_backend == "auto":
+            self.attention_backend = "triton" if torch.device(self.device).type == "cuda" else "torch_native"
         if self.swa_max_total_tokens is None:
             self.swa_max_total_tokens = self.max_total_tokens
 

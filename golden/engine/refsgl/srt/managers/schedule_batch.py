@@ -50,13 +50,6 @@ class ScheduleBatch:
     def batch_size(self) -> int:
         return len(self.reqs)
 
-    def canary_token_ids(self, extra: Optional[list[list[int]]] = None) -> list[list[int]]:
-        """Each request's known token ids in target order (position p holds token p)."""
-        known = [r.all_token_ids for r in self.reqs]
-        if extra is not None:
-            known = [k + e for k, e in zip(known, extra)]
-        return known
-
     def _fill_ids(self) -> list[int]:
         ids = []
         for r in self.reqs:
@@ -77,7 +70,6 @@ class ScheduleBatch:
         mode: Optional[ForwardMode] = None,
         input_ids: Optional[torch.Tensor] = None,
         spec_info=None,
-        known_next_tokens: Optional[list[int]] = None,
     ) -> ForwardBatch:
         """Extend-like (ragged) or plain decode batch over this step's positions."""
         mode = mode or self.forward_mode
@@ -86,9 +78,6 @@ class ScheduleBatch:
         ).to(self.device)
         if input_ids is None:
             input_ids = torch.tensor(self._fill_ids(), dtype=torch.int64, device=self.device)
-        extra = None
-        if known_next_tokens is not None:
-            extra = [[t] if r.is_last_chunk else [] for r, t in zip(self.reqs, known_next_tokens)]
         seq_lens = [p + n for p, n in zip(self.prefix_lens, self.extend_lens)]
         extend = mode.is_extend()
         return ForwardBatch(
@@ -107,7 +96,6 @@ class ScheduleBatch:
             token_to_kv_pool=runner.token_to_kv_pool,
             attn_backend=runner.attn_backend,
             spec_info=spec_info,
-            canary_token_ids=self.canary_token_ids(extra),
         )
 
     def to_fixed_length_forward_batch(
@@ -116,7 +104,6 @@ class ScheduleBatch:
         mode: ForwardMode,
         token_ids: torch.Tensor,
         spec_info=None,
-        committed_tokens: Optional[list[list[int]]] = None,
     ) -> ForwardBatch:
         """Every request writes positions [n, n + T) after its n cached ones (verify, draft-extend)."""
         bs, num_tokens_per_req = token_ids.shape
@@ -144,5 +131,4 @@ class ScheduleBatch:
             token_to_kv_pool=runner.token_to_kv_pool,
             attn_backend=runner.attn_backend,
             spec_info=spec_info,
-            canary_token_ids=self.canary_token_ids(committed_tokens),
         )

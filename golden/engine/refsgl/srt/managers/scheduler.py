@@ -207,7 +207,7 @@ class Scheduler:
             forward_batch = batch.to_forward_batch(self.model_runner)
             self.hooks.fire("batch_built", forward_batch=forward_batch, runner=self.model_runner)
             logits_output = self.model_runner.forward(forward_batch).logits_output
-            next_ids = torch.argmax(logits_output.next_token_logits, dim=-1).tolist()
+            next_ids = self.model_runner.sample(logits_output, forward_batch).tolist()
             self._process_result(batch, [[t] if r.is_last_chunk else [] for r, t in zip(batch.reqs, next_ids)], None)
         self.forward_ct += 1
         self.hooks.fire("step_end", scheduler=self, batch=batch)

@@ -10,17 +10,22 @@ import torch
 
 
 class ReqToTokenPool:
-    """`req_to_token[r, p]` is the KV slot holding position p of the request in row r."""
+    """`req_to_token[r, p]` is the KV slot holding position p of the request in row r.
+
+    `size` rows serve requests; row 0 is an extra padding row that is never handed out, so
+    CUDA-graph padding (req_pool_index 0) reads and writes it harmlessly, as in sglang.
+    """
 
     def __init__(self, size: int, max_context_len: int, device: str):
         self.size = size
+        self._alloc_size = size + 1
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.req_to_token = torch.zeros((self._alloc_size, max_context_len), dtype=torch.int32, device=device)
         self.reset()
 
     def reset(self):
-        self.free_slots = list(range(self.size))
+        self.free_slots = list(range(1, self._alloc_size))
 
     def write(self, indices, values):
         self.req_to_token[indices] = values

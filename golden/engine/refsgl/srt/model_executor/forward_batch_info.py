@@ -61,5 +61,3 @@ class ForwardBatch:
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     spec_info: Any = None
-    # Host copy of each request's known token ids [0, n), target order (the canary's expected tokens).
-    canary_token_ids: Optional[list[list[int]]] = None

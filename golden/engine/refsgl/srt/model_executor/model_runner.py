@@ -121,7 +121,13 @@ class ModelRunner:
                 self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(total_tokens, device=self.device)
 
     def init_attention_backend(self):
-        self.attn_backend = TorchNativeAttnBackend(self)
+        if self.server_args.attention_backend == "triton":
+            # Imported here so that torch-native engines (CPU) never load Triton.
+            from refsgl.srt.layers.attention.triton_backend import TritonAttnBackend
+
+            self.attn_backend = TritonAttnBackend(self)
+        else:
+            self.attn_backend = TorchNativeAttnBackend(self)
 
     def init_device_graphs(self):
         """Capture decode CUDA graphs (target runner only; the EAGLE worker captures its own)."""
@@ -188,6 +194,10 @@ class ModelRunner:
         if not skip_attn_backend_init:
             self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Greedy next token of each request (one logits row per request), as int32 token ids like sglang's sampler."""
+        return torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
 
     def forward_idle(self, forward_batch: ForwardBatch):
         hidden = torch.empty((0, self.model_config.hidden_size), device=self.device, dtype=self.dtype)

@@ -56,8 +56,9 @@ class EAGLEWorkerV2:
         # EAGLE heads reuse the target's embedding and LM head.
         self.draft_runner.model.set_embed_and_head(*target_worker.model.get_embed_and_head())
 
-        # Per request-pool row: the next chain's first draft token and the draft hidden state it came from.
-        num_rows = target_worker.req_to_token_pool.size
+        # Per request-pool row (padding row 0 included): the next chain's first draft token and the
+        # draft hidden state it came from.
+        num_rows = target_worker.req_to_token_pool.req_to_token.shape[0]
         hidden_size = target_worker.model_config.hidden_size
         self.next_draft_token = torch.zeros((num_rows,), dtype=torch.int64, device=self.device)
         self.next_draft_hidden = torch.zeros((num_rows, hidden_size), dtype=target_worker.dtype, device=self.device)
@@ -84,7 +85,7 @@ class EAGLEWorkerV2:
             forward_batch = batch.to_forward_batch(self.target_worker)
             self.hooks.fire("batch_built", forward_batch=forward_batch, runner=self.target_worker)
             logits_output = self.target_worker.forward(forward_batch).logits_output
-            next_token_ids = torch.argmax(logits_output.next_token_logits, dim=-1)
+            next_token_ids = self.target_worker.sample(logits_output, forward_batch)
             self._draft_extend_for_prefill(batch, logits_output.hidden_states, next_token_ids)
             sampled = next_token_ids.tolist()
             return GenerationBatchResult(
@@ -119,7 +120,6 @@ class EAGLEWorkerV2:
                 hidden_states=self.next_draft_hidden[req_pool_indices],
                 topk_index=self.next_draft_token[req_pool_indices].unsqueeze(1),
             ),
-            canary_token_ids=batch.canary_token_ids(),
         )
 
     def draft(self, batch: "ScheduleBatch") -> torch.Tensor:
@@ -204,9 +204,8 @@ class EAGLEWorkerV2:
             mode=ForwardMode.DRAFT_EXTEND,
             input_ids=rotated_ids,
             spec_info=EagleDraftInput(hidden_states=target_hidden_states),
-            known_next_tokens=next_token_ids.tolist(),
         )
-        self.hooks.fire("draft_extend_batch", forward_batch=forward_batch, runner=self.draft_runner)
+        self.hooks.fire("draft_extend_batch", forward_batch=forward_batch, runner=self.draft_runner, batch=batch)
         logits_output = self.draft_runner.forward(forward_batch).logits_output
         # Logits come one per request (its last token); hidden states one per token.
         last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
@@ -226,9 +225,8 @@ class EAGLEWorkerV2:
             ForwardMode.DRAFT_EXTEND,
             verify_output.target_predict,
             spec_info=EagleDraftInput(hidden_states=verify_output.hidden_states),
-            committed_tokens=verify_output.committed_tokens,
         )
-        self.hooks.fire("draft_extend_batch", forward_batch=forward_batch, runner=self.draft_runner)
+        self.hooks.fire("draft_extend_batch", forward_batch=forward_batch, runner=self.draft_runner, batch=batch)
         can_cuda_graph = (
             self.cuda_graph_runner_for_draft_extend is not None
             and self.cuda_graph_runner_for_draft_extend.can_run(forward_batch)

@@ -1,0 +1,261 @@
+"""The canary runtime installed on sglang 0.5.20's real pools, allocators and ForwardBatch objects, driven
+through the wired phases (outside the graph, the bracketed model forward, ``flush``) on CPU with the torch
+reference backend: clean serving reports nothing, and each injected fault is caught with its reason.
+
+Real classes and what is built by hand: see ``harness.py``. Not loaded as released, each only where it
+cannot load (see ``sglang_site.py``): torchvision's native part on a CPU torch, and on a CUDA machine
+without them sglang's CUDA kernel packages ``sgl_kernel`` and ``flashinfer``, which these tests never call.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from canary_instrument.runtime import mark_init_finished
+
+from .harness import RealRunner, Scheduler
+
+LAYOUTS = ["mha", "mla", "swa"]
+# The `dev` fixture (tests/runtime/conftest.py): "cpu" with the torch reference backend everywhere, and
+# "cuda" with the Triton kernels where a GPU is visible.
+
+
+@pytest.fixture(scope="module")
+def server_args(sg):
+    """Real ``ServerArgs`` from sglang's own parser, as ``python -m sglang.launch_server ...`` builds them."""
+    parser = argparse.ArgumentParser()
+    sg.server_args.ServerArgs.add_cli_args(parser)
+
+    def build(*cli):
+        return sg.server_args.ServerArgs.from_cli_args(parser.parse_args(["--model-path", "unused", *cli]))
+
+    return build
+
+
+def _serving(sg, server_args, layout, *cli, dev="cpu", **runner_kw):
+    args = server_args("--kv-canary", "log", "--kv-canary-real-data", "partial", *cli)
+    runner = RealRunner(sg, args, layout, device=dev, **runner_kw)
+    mark_init_finished(runner.canary_manager)
+    return runner, Scheduler(sg, runner)
+
+
+def _prefill_and_decode(sched, prompts, steps):
+    reqs = [sched.new_request(p) for p in prompts]
+    next_tokens = sched.step(sched.extend(reqs))
+    for _ in range(steps):
+        next_tokens = sched.step(sched.decode(reqs, next_tokens))
+    return reqs, next_tokens
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_clean_serving_reports_nothing(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
+    manager = runner.canary_manager
+    assert manager is not None
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9], [11, 12, 13]], steps=3)
+    # Chunked prefill: a long prompt in three chunks, then decoded beside the others.
+    long = sched.new_request(list(range(20, 42)))
+    for _ in range(3):
+        tail = sched.step(sched.extend([long], chunk=8))
+    reqs.append(long)
+    next_tokens.append(tail[0])
+    for _ in range(12):  # past the SWA window of 8: the allocator releases out-of-window SWA slots
+        next_tokens = sched.step(sched.decode(reqs, next_tokens))
+    # A finished request's row and slots go back to the real pool and allocator and are reused.
+    sched.finish(reqs.pop(0))
+    newcomer = sched.new_request([3, 1, 4, 1, 5, 9, 2, 6])
+    tail = sched.step(sched.extend([newcomer]))
+    reqs.append(newcomer)
+    next_tokens = next_tokens[1:] + tail
+    for _ in range(4):
+        next_tokens = sched.step(sched.decode(reqs, next_tokens))
+    assert manager.flush() == []
+    stats = manager.stats()
+    assert stats.violations == 0
+    assert stats.steps == 1 + 3 + 3 + 12 + 1 + 4
+    assert stats.tokens_protected == sum(len(r.slots) for r in reqs) + 5 + 3 + 12  # incl. the finished request
+    assert stats.verified > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eagle_draft_steps_on_the_draft_runner_report_nothing(sg, server_args, layout, dev):
+    # A draft runner: its manager has speculative_num_steps - 1 sub-forwards, driven by the EAGLE worker's sites.
+    runner, sched = _serving(
+        sg, server_args, layout, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", dev=dev, is_draft_worker=True,
+    )
+    manager = runner.canary_manager
+    assert manager.num_single_forward == 2
+    target = [[3, 1, 4, 1, 5, 9], [2, 7, 1, 8]]
+    reqs = [sched.new_request(t[1:]) for t in target]  # a draft slot p holds the token of position p + 1
+    batch = sched.extend(reqs)
+    with runner.canary_manager.with_ops_outside_graph([0], batch), manager.with_active_single_forward_manager(0):
+        runner.model.forward(batch.input_ids, batch.positions, batch)
+    for round_ in range(3):
+        sched.draft_round(reqs, 2, guesses=[[50 + round_, 60 + round_]] * 2)
+    assert manager.flush() == []
+    assert manager.stats().pre_runs == 1 + 3 * 2
+
+
+def _violations(manager):
+    found = manager.flush()
+    assert found, "the fault was not caught"
+    return found
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_remapped_req_to_token_entry_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
+    (stray,) = sched.alloc(1)
+    runner.req_to_token_pool.req_to_token[reqs[0].row, 4] = stray  # a wrong pointer, as a scheduler bug writes
+    reqs[0].slots[4] = stray
+    sched.step(sched.decode(reqs, next_tokens))
+    found = _violations(runner.canary_manager)
+    # The stray slot's row is not position 4's; position 5's link no longer follows from its predecessor.
+    by_position = {}
+    for v in found:
+        by_position.setdefault(v.position, set()).update(v.reasons)
+    assert by_position == {4: {"position", "link"}, 5: {"link"}}
+    assert {v.req_pool_index for v in found} == {reqs[0].row}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_use_after_free_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
+    victim = reqs[0].slots[2]
+    # The bug: a slot still referenced by a running request goes back to the allocator ...
+    sched.allocator.free(sched.tensor([victim]))
+    # ... and the allocator hands it to the next request, whose prefill writes over it.
+    _hand_out_next(sched, victim)
+    other = sched.new_request([70])
+    other.slots = [victim]
+    sched._map([other])
+    fm = sg.forward_batch_info
+    prefix, new = sched.tensor([0], torch.int32), sched.tensor([1], torch.int32)
+    positions, start = fm.compute_position_torch(prefix, new)
+    batch = sched._batch([other], fm.ForwardMode.EXTEND, [70], [victim], positions=positions,
+                         extend_prefix_lens=prefix, extend_seq_lens=new, extend_start_loc=start, extend_num_tokens=1)
+    sched.step(batch)
+    sched.step(sched.decode(reqs, next_tokens))
+    found = [v for v in _violations(runner.canary_manager) if v.req_pool_index == reqs[0].row]
+    if layout == "swa":  # the reused slot came with a fresh SWA peer, whose row is the other request's too
+        assert {v.position for v in found if v.group == "swa"} == {2, 3}  # its row, and the link after it
+    by_position = {}
+    for v in found:
+        if v.group == "full":
+            by_position.setdefault((v.position, v.slot), set()).update(v.reasons)
+    # The victim slot now holds the other request's row; the next position's link breaks with it.
+    assert by_position == {(2, victim): {"position", "link"}, (3, reqs[0].slots[3]): {"link"}}
+
+
+def _hand_out_next(sched, slot):
+    """Take ``slot`` off the real allocator the way its next alloc() would (it was freed last, so it is handed
+    out after every other free slot): drain the free list, keep ``slot``, return the rest. On SWA the full
+    slot is paired with an SWA slot as SWATokenToKVPoolAllocator.alloc() pairs them."""
+    full = getattr(sched.allocator, "full_attn_allocator", sched.allocator)
+    drained = full.alloc(full.available_size()).tolist()
+    assert drained[-1] == slot
+    full.free(sched.tensor(drained[:-1]))
+    if full is not sched.allocator:
+        swa = sched.allocator.swa_attn_allocator.alloc(1)
+        sched.allocator.set_full_to_swa_mapping(sched.tensor([slot]), swa)
+
+
+def _kv_layer0(runner, layout):
+    pool = runner.token_to_kv_pool
+    if layout == "mla":
+        return pool.kv_buffer[0]
+    if layout == "swa":
+        return pool.full_kv_pool.k_buffer[0]
+    return pool.k_buffer[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_flipped_real_kv_byte_is_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
+    slot = reqs[0].slots[3]
+    _kv_layer0(runner, layout)[slot].view(torch.uint8).view(-1)[1] ^= 0x10  # inside the fingerprinted 16 bytes
+    sched.step(sched.decode(reqs, next_tokens))
+    found = _violations(runner.canary_manager)
+    assert {(v.slot, v.position) for v in found} == {(slot, 3)}
+    assert all(v.reasons == {"fingerprint"} for v in found)
+
+
+@pytest.mark.parametrize("layout", ["mha"])
+def test_swapped_next_tokens_are_caught(sg, server_args, layout, dev):
+    runner, sched = _serving(sg, server_args, layout, dev=dev)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8], [11, 12, 13, 14]], steps=1)
+    # The bug: the two requests' sampled tokens are appended to each other's sequence.
+    sched.step(sched.decode(reqs, next_tokens[::-1]))
+    sched.step(sched.decode(reqs, [1, 2]))
+    found = _violations(runner.canary_manager)
+    assert any("token" in v.reasons for v in found)
+
+
+def test_corrupted_swa_mapping_is_caught(sg, server_args, dev):
+    runner, sched = _serving(sg, server_args, "swa", dev=dev)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8, 9, 10]], steps=1)
+    mapping = runner.token_to_kv_pool_allocator.full_to_swa_index_mapping
+    unmapped, remapped = reqs[0].slots[5], reqs[0].slots[4]
+    mapping[unmapped] = 0  # an in-window position that lost its SWA slot
+    (spare,) = sched.allocator.swa_attn_allocator.alloc(1).tolist()
+    mapping[remapped] = spare  # another pointing at an SWA slot it never wrote
+    sched.step(sched.decode(reqs, next_tokens))
+    found = [v for v in _violations(runner.canary_manager) if v.group == "swa"]
+    by_position = {v.position: v.reasons for v in found}
+    assert "swa_unmapped" in by_position[5]
+    assert {"position", "link"} & by_position[4]
+
+
+def test_raise_mode_raises_on_a_real_pool(sg, server_args, dev):
+    from canary_instrument.runtime import CanaryViolationError
+
+    args = server_args("--kv-canary", "raise")
+    runner = RealRunner(sg, args, "mha", device=dev)
+    mark_init_finished(runner.canary_manager)
+    sched = Scheduler(sg, runner)
+    reqs, next_tokens = _prefill_and_decode(sched, [[5, 6, 7, 8]], steps=1)
+    reqs[0].slots[1] = sched.alloc(1)[0]  # the scheduler's bug: a wrong slot for position 1
+    with pytest.raises(CanaryViolationError):
+        # Raised one step late, from the step that reads the faulty step's results (or from flush()).
+        for _ in range(2):
+            next_tokens = sched.step(sched.decode(reqs, next_tokens))
+
+
+def test_canary_off_by_default_on_real_server_args(sg, server_args, dev):
+    runner = RealRunner(sg, server_args(), "mha", device=dev)
+    assert runner.canary_manager is None
+    sched = Scheduler(sg, runner)
+    _prefill_and_decode(sched, [[5, 6, 7]], steps=2)  # the wiring's null contexts: serving is unchanged
+
+
+def test_manager_answers_what_sglang_calls_outside_the_sites(sg, server_args, dev):
+    runner, _ = _serving(sg, server_args, "mha", dev=dev)
+    manager = runner.canary_manager
+    assert manager.per_forward_workspace_bytes() >= 0
+
+
+def test_draft_extend_after_verify_on_the_draft_runner(sg, server_args):
+    runner, sched = _serving(
+        sg, server_args, "mha", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", is_draft_worker=True,
+    )
+    reqs = [sched.new_request([1, 4, 1, 5, 9])]
+    batch = sched.extend(reqs)
+    with runner.canary_manager.with_ops_outside_graph([0], batch), \
+            runner.canary_manager.with_active_single_forward_manager(0):
+        runner.model.forward(batch.input_ids, batch.positions, batch)
+    # After a verify accepted two tokens, the draft model extends over them in DRAFT_EXTEND_V2 mode.
+    reqs[0].tokens += [2, 6]
+    after = sched.extend(reqs)
+    after.forward_mode = sg.forward_batch_info.ForwardMode.DRAFT_EXTEND_V2
+    with runner.canary_manager.with_ops_outside_graph([0], after), \
+            runner.canary_manager.with_active_single_forward_manager(0):
+        runner.model.forward(after.input_ids, after.positions, after)
+    assert runner.canary_manager.flush() == []
