@@ -298,7 +298,8 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
         # Hand-written wiring is wiring too: a tree that holds it is not half-wired for lack of generated code.
         wired=any(m.state in ("wired", "handwritten") for m in analysis.sites),
         roles_expected=set(analysis.roles_expected),
-        roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks},
+        roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks}
+        | analysis.roles_reported,
     )
     add, when_wired, when_unwired = report.findings.append, report.when_wired.append, report.when_unwired.append
 
@@ -408,10 +409,4 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
                 problem.node, codes.STRAY_PLACEHOLDER,
                 f"stray placeholder `{name}` ({problem.detail}); remove it, or add its site to the catalog",
             ))
-    for uncovered in analysis.uncovered:
-        add(parsed.finding(
-            uncovered.call, codes.UNCOVERED_FORWARD,
-            f"uncovered forward path: {uncovered.what} `{uncovered.name}(...)` in {uncovered.class_name}, "
-            "a class no catalogued site covers; add a site for it to the catalog",
-        ))
     return report

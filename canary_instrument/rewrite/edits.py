@@ -141,8 +141,6 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
     missing = wanted - editor.applied
     if missing:
         raise PlanNotApplied(f"no statement at {sorted(missing)} to edit")
-    if plan.runtime_import is not None and plan.runtime_import[1]:
-        edited = add_sorted_import(edited, *plan.runtime_import, plan.own_packages)
     if plan.add_imports:
         context = CodemodContext()
         for module_name, name in plan.add_imports:
@@ -151,6 +149,8 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         # transform_module makes, and keeps untouched statements identical objects.
         body, inserted = _keep_spacing(edited, edited.visit(AddImportsVisitor(context)))
         edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
+    if plan.drop_imports:
+        edited = _hand_over_spacing(edited, edited.visit(_DropImports(plan.drop_imports)))
     if plan.remove_imports:
         # `edited` is not used again, so the visitor's scope analysis may skip the deep copy
         # transform_module would make (most of apply's time on a large file).
@@ -159,7 +159,37 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         for module_name, name, alias in plan.remove_imports:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name, alias)
         edited = _hand_over_spacing(edited, wrapper.visit(RemoveImportsVisitor(context)))
+    if plan.runtime_import is not None and plan.runtime_import[1]:
+        # After the removals, so that the import block it joins is the one the file keeps (a factory
+        # import apply removed must not leave the runtime import in a block of its own).
+        edited = add_sorted_import(edited, *plan.runtime_import, plan.own_packages)
     return edited
+
+
+class _DropImports(cst.CSTTransformer):
+    """Remove names from module-level `from M import ...` statements whatever still reads them."""
+
+    def __init__(self, drops) -> None:
+        super().__init__()
+        self.drops = set(drops)
+
+    def leave_ImportFrom(self, original, updated):
+        if updated.relative or updated.module is None or isinstance(updated.names, cst.ImportStar):
+            return updated
+        module = get_full_name_for_node(updated.module)
+        kept = [
+            alias for alias in updated.names
+            if alias.asname is not None or (module, get_full_name_for_node(alias.name)) not in self.drops
+        ]
+        if len(kept) == len(updated.names):
+            return updated
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(names=kept)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        return cst.RemoveFromParent() if not updated.body else updated
 
 
 def _keep_spacing(before: cst.Module, after: cst.Module) -> tuple[list, set[int]]:

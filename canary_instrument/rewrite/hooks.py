@@ -333,7 +333,10 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> di
                 call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
                 if isinstance(call, ast.Call) and (name := dotted_name(call.func)) is not None:
                     callee = name.rpartition(".")[2]
-                    if imports.resolve(name) == f"{catalog.runtime_module}.{callee}" and callee in by_callee:
+                    resolved = imports.resolve(name)
+                    # The runtime's function, or its bare name with no import yet (a hook pasted by hand).
+                    ours = resolved == f"{catalog.runtime_module}.{callee}" or resolved == name == callee
+                    if ours and callee in by_callee:
                         role = _generated_role(stmt, by_callee[callee], cls, facts, catalog)
                         present.setdefault(role, []).append(PresentHook(stmt, block))
                         continue

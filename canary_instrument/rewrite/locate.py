@@ -187,6 +187,7 @@ class FileAnalysis:
     members: list[MemberInfo] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     roles_expected: set[str] = field(default_factory=set)  # roles with a location hint at this path
+    roles_reported: set[str] = field(default_factory=set)  # roles found but only as a problem (e.g. CI105)
     manager_conflicts: list[tuple[ast.ClassDef, str, str]] = field(default_factory=list)
 
 
@@ -279,7 +280,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
 
     found: list[SiteMatch] = []
     for cls, function in functions_of(tree):
-        found.extend(_discover(result, cls, function, catalog, imports, facts, canary))
+        found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog)
@@ -314,7 +315,16 @@ def _receiver(call: ast.Call) -> list[str]:
     return [name] if name is not None else []
 
 
-def _discover(result, cls, function, catalog: Catalog, imports: Imports, facts, canary) -> list[SiteMatch]:
+def _hinted(posix: str, cls, function, catalog: Catalog) -> frozenset[str]:
+    """The roles whose location hints name this file, class and method."""
+    return frozenset(
+        site.role for site in catalog.sites for location in site.candidates
+        if location.matches_path(posix) and cls is not None and location.matches_class(cls.name)
+        and location.matches_method(function.name)
+    )
+
+
+def _discover(result, posix, cls, function, catalog: Catalog, imports: Imports, facts, canary) -> list[SiteMatch]:
     sites: list[SiteMatch] = []
     claimed: set[int] = set()
     aliases = None
@@ -348,6 +358,7 @@ def _discover(result, cls, function, catalog: Catalog, imports: Imports, facts, 
                 placeholder=name,
                 handwired=handwired,
                 aliases=aliases,
+                hinted=_hinted(posix, cls, function, catalog),
             )
             resolution = resolve(context, catalog)
             if how == "with":
@@ -429,7 +440,8 @@ def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog) -> 
                         owner, site.placeholder) else (first if site.shape == "with_item" and site.placeholder in
                                                        _item_names(first) else None)
                     if wrapper is not None and id(wrapper) in incomplete:
-                        continue  # reported as a placeholder used but never assigned
+                        result.roles_reported.add(site.role)
+                        continue  # reported as a placeholder used but never assigned (not as not found)
                     located.add((site.role, id(method)))
                     manager = catalog.managers[location.manager or site.manager]
                     result.sites.append(SiteMatch(

@@ -34,6 +34,9 @@ class EditPlan:
     add_imports: list[tuple[str, str | None]] = field(default_factory=list)  # (module, name or None)
     # (module, name or None, local alias or None), removed only where nothing uses it any more
     remove_imports: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    # (module, name): from-imports removed even where the name is still read (the runtime's import of
+    # the same name replaces them, e.g. upstream's own `install_canary` once its hook is migrated)
+    drop_imports: list[tuple[str, str]] = field(default_factory=list)
     # (module, names): the runtime import, placed in the file's third-party import block as isort would
     runtime_import: tuple[str, tuple[str, ...]] | None = None
     own_packages: frozenset[str] = frozenset()  # top-level names that are the file's own package (first party)
@@ -42,7 +45,7 @@ class EditPlan:
     def __bool__(self) -> bool:
         return any(
             (self.replace_value, self.replace_statement, self.insert_before, self.insert_after, self.wrap, self.add_item, self.remove,
-             self.append_to_class, self.add_imports, self.remove_imports)
+             self.append_to_class, self.add_imports, self.remove_imports, self.drop_imports)
         )
 
 

@@ -32,6 +32,7 @@ class Context:
     placeholder: str
     handwired: HandWired | None
     aliases: dict
+    hinted: frozenset[str] = frozenset()  # roles whose location hints name this file, class and method
 
 
 def scoped_manager(manager: Manager, runner: str | None) -> Manager | None:
@@ -77,10 +78,13 @@ def score(site: Site, context: Context, catalog: Catalog) -> int | None:
         return None
     if site.loop and context.loop_index is None:
         return None
-    if site.class_refs and (context.facts is None or not context.facts.refers_to(site.class_refs)):
+    hinted = site.role in context.hinted
+    if site.class_refs and not hinted and (context.facts is None or not context.facts.refers_to(site.class_refs)):
         return None
     manager = catalog.managers[site.manager]
-    if not _owner_reachable(manager, context, catalog) or not _hand_owner_matches(manager, context):
+    # A location hint vouches for the manager of a class that does not spell its owner out.
+    reachable = hinted or _owner_reachable(manager, context, catalog)
+    if not reachable or not _hand_owner_matches(manager, context):
         return None
     wired = context.handwired
     if wired is not None and site.evidence and set(site.evidence) != wired.evidence:
@@ -91,6 +95,8 @@ def score(site: Site, context: Context, catalog: Catalog) -> int | None:
     if site.class_refs:
         points += 3
     if site.placeholder == context.placeholder:
+        points += 1
+    if site.role in context.hinted:
         points += 1
     if wired is not None and site.evidence:
         points += 2

@@ -264,7 +264,10 @@ class ClassFacts:
         return any(fnmatchcase(ref, pattern) for ref in self.refs for pattern in patterns)
 
     def is_model_runner(self, shape: ModelRunnerShape) -> bool:
-        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls)
+        """It calls the raw forward, or is named as the model runner type (a runner whose forward moved)."""
+        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls) or any(
+            fnmatchcase(self.node.name, pattern) for pattern in shape.types
+        )
 
     def held_model_runner(self, shape: ModelRunnerShape) -> str | None:
         """The most used `self....model_runner` chain of a class that holds a model runner, else None."""

@@ -202,6 +202,13 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         plan.touched += 1
     if plan:
         plan.runtime_import = (catalog.runtime_module, tuple(sorted(names)))
+        # A name the runtime import brings that the file imports from elsewhere (upstream's own
+        # `install_canary`) would shadow or be shadowed by it: that import goes.
+        for name in sorted(names):
+            bound = analysis.imports.names.get(name)
+            module, _, attribute = (bound or "").rpartition(".")
+            if bound is not None and module != catalog.runtime_module and attribute == name:
+                plan.drop_imports.append((module, name))
         plan.own_packages = own_packages(parsed.path)
         plan.remove_imports.extend(imports_left_unused(analysis, wired_factory_calls, catalog.placeholder_factory))
         plan.remove_imports.extend(imports_of(migrated_reads, analysis.imports))
