@@ -99,6 +99,9 @@ class _Editor(cst.CSTTransformer):
             if key in plan.replace_statement:
                 self.applied.add(key)
                 node = self._statement(plan.replace_statement[key]).with_changes(leading_lines=node.leading_lines)
+            if key in plan.insert_above:
+                self.applied.add(key)
+                result.extend(self._statement(text) for text in plan.insert_above[key])
             if key in plan.insert_before:
                 self.applied.add(key)
                 inserted = [self._statement(text) for text in plan.insert_before[key]]
@@ -135,7 +138,7 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
     editor = _Editor(plan, module)
     edited = MetadataWrapper(module, unsafe_skip_copy=True).visit(editor)
     wanted = (
-        set(plan.replace_value) | set(plan.replace_statement) | set(plan.insert_before) | set(plan.insert_after) | set(plan.wrap)
+        set(plan.replace_value) | set(plan.replace_statement) | set(plan.insert_before) | set(plan.insert_after) | set(plan.insert_above) | set(plan.wrap)
         | set(plan.add_item) | plan.remove | set(plan.append_to_class)
     )
     missing = wanted - editor.applied

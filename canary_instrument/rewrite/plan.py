@@ -27,6 +27,8 @@ class EditPlan:
     replace_statement: dict[Key, str] = field(default_factory=dict)  # statement -> statement (comments above kept)
     insert_before: dict[Key, list[str]] = field(default_factory=dict)
     insert_after: dict[Key, list[str]] = field(default_factory=dict)
+    # inserted above the statement's own blank lines and comments (a hook: revert takes it out alone)
+    insert_above: dict[Key, list[str]] = field(default_factory=dict)
     wrap: dict[Key, tuple[Key, str, str]] = field(default_factory=dict)  # first -> (last, assignment, with header)
     add_item: dict[Key, tuple[str, str]] = field(default_factory=dict)  # With -> (name, "first" | "last")
     remove: set[Key] = field(default_factory=set)
@@ -44,7 +46,8 @@ class EditPlan:
 
     def __bool__(self) -> bool:
         return any(
-            (self.replace_value, self.replace_statement, self.insert_before, self.insert_after, self.wrap, self.add_item, self.remove,
+            (self.replace_value, self.replace_statement, self.insert_before, self.insert_after, self.insert_above,
+             self.wrap, self.add_item, self.remove,
              self.append_to_class, self.add_imports, self.remove_imports, self.drop_imports)
         )
 

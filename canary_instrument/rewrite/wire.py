@@ -196,7 +196,9 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         if hook.present or hook.anchor is None:
             continue
         text = fit(hook.statement, indentation(parsed, hook.anchor), _unit_near(parsed, hook), limit)
-        where = plan.insert_after if hook.mode == "after" else plan.insert_before
+        # Before a statement: above its blank lines and comments, which stay with it (and revert,
+        # removing the hook alone, gives the file back byte for byte).
+        where = plan.insert_after if hook.mode == "after" else plan.insert_above
         where.setdefault(key_of(hook.anchor, parsed.lines), []).append(text)
         names |= free_runtime_names(hook.statement)
         plan.touched += 1
