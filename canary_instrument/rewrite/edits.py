@@ -7,6 +7,8 @@ statement is reproduced as it was. It is imported only when a plan has work to d
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 
 import libcst as cst
@@ -152,14 +154,19 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
         # transform_module makes, and keeps untouched statements identical objects.
         body, inserted = _keep_spacing(edited, edited.visit(AddImportsVisitor(context)))
         edited = edited.with_changes(body=_place_stdlib_imports(body, inserted))
-    if plan.drop_imports:
-        edited = _hand_over_spacing(edited, edited.visit(_DropImports(plan.drop_imports)))
+    drops = [(module, name, None) for module, name in plan.drop_imports]
+    undecided = []
     if plan.remove_imports:
+        unused, undecided = _split_removals(edited.code, plan.remove_imports)
+        drops += unused
+    if drops:
+        edited = _hand_over_spacing(edited, edited.visit(_DropImports(drops)))
+    if undecided:
         # `edited` is not used again, so the visitor's scope analysis may skip the deep copy
         # transform_module would make (most of apply's time on a large file).
         wrapper = MetadataWrapper(edited, unsafe_skip_copy=True)
         context = CodemodContext(wrapper=wrapper)
-        for module_name, name, alias in plan.remove_imports:
+        for module_name, name, alias in undecided:
             RemoveImportsVisitor.remove_unused_import(context, module_name, name, alias)
         edited = _hand_over_spacing(edited, wrapper.visit(RemoveImportsVisitor(context)))
     if plan.runtime_import is not None and plan.runtime_import[1]:
@@ -170,20 +177,23 @@ def apply_plan(module: cst.Module, plan: EditPlan) -> cst.Module:
 
 
 class _DropImports(cst.CSTTransformer):
-    """Remove names from module-level `from M import ...` statements whatever still reads them."""
+    """Remove import bindings, given as (module, name or None, alias or None), whatever still reads them."""
 
     def __init__(self, drops) -> None:
         super().__init__()
         self.drops = set(drops)
 
-    def leave_ImportFrom(self, original, updated):
-        if updated.relative or updated.module is None or isinstance(updated.names, cst.ImportStar):
-            return updated
-        module = get_full_name_for_node(updated.module)
-        kept = [
-            alias for alias in updated.names
-            if alias.asname is not None or (module, get_full_name_for_node(alias.name)) not in self.drops
-        ]
+    def _kept(self, aliases, module: str | None):
+        kept = []
+        for alias in aliases:
+            full = get_full_name_for_node(alias.name)
+            asname = get_full_name_for_node(alias.asname.name) if alias.asname is not None else None
+            key = (module, full, asname) if module is not None else (full, None, asname)
+            if key not in self.drops:
+                kept.append(alias)
+        return kept
+
+    def _edit(self, updated, kept):
         if len(kept) == len(updated.names):
             return updated
         if not kept:
@@ -191,8 +201,41 @@ class _DropImports(cst.CSTTransformer):
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(names=kept)
 
+    def leave_Import(self, original, updated):
+        return self._edit(updated, self._kept(updated.names, None))
+
+    def leave_ImportFrom(self, original, updated):
+        if updated.relative or updated.module is None or isinstance(updated.names, cst.ImportStar):
+            return updated
+        return self._edit(updated, self._kept(updated.names, get_full_name_for_node(updated.module)))
+
     def leave_SimpleStatementLine(self, original, updated):
         return cst.RemoveFromParent() if not updated.body else updated
+
+
+def _split_removals(code: str, removals) -> tuple[list, list]:
+    """(bindings nothing reads any more, bindings only libcst's scope analysis can decide).
+
+    A plain `ast` pass over the edited code: a local name no expression reads and no string
+    mentions (an annotation, `__all__`) is unused, and dropping it needs no scope analysis, the
+    most expensive part of an edit on a large file. A name still read is kept; one that a string
+    mentions goes to RemoveImportsVisitor.
+    """
+    tree = ast.parse(code)
+    reads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    strings = " ".join(
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
+    unused, undecided = [], []
+    for module, name, alias in removals:
+        local = alias or name or module.split(".")[0]
+        if local in reads:
+            continue
+        if re.search(rf"\b{re.escape(local)}\b", strings):
+            undecided.append((module, name, alias))
+        else:
+            unused.append((module, name, alias))
+    return unused, undecided
 
 
 def _keep_spacing(before: cst.Module, after: cst.Module) -> tuple[list, set[int]]:
