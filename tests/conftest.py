@@ -3,6 +3,11 @@
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# CI machines are shared and slow: example generation speed and per-example time are not behaviour.
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
 
 
 def _cuda_available() -> bool:

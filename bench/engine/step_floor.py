@@ -8,8 +8,9 @@ One run, one table per device (files named after it):
     per step with realkv=partial: device time of the runtime's pre- and post-forward passes (the
     bracket `install_canary` puts around the model's forward, captured in a CUDA graph as an engine
     captures them, replayed under one decode plan; timed with `triton.testing.do_bench` over a
-    graph of `--reps` brackets), host time of the runtime's outside-graph contexts (planning,
-    expected tokens, upload; readback) measured over real decode steps, and their sum. Canary off
+    graph of `--reps` brackets, over a static forward batch whose tensors the plans are read from),
+    host time of the runtime's outside-graph contexts (phase checks, readback) and of its record
+    of the sampler's output, measured over real decode steps, and their sum. Canary off
     costs 0 by construction. The KV pool is Llama-shaped but holds one layer: with realkv=partial
     the canary reads the first 16 bytes of layer 0's rows only, so the other 31 layers would change
     nothing but the memory needed.
@@ -131,7 +132,7 @@ class _NoOpModel(torch.nn.Module):
 
 
 class Layer0Runner:
-    """What `install_canary` reads from a model runner, with one Llama-shaped KV layer."""
+    """What `install_canary` reads from a model runner, with one Llama-shaped KV layer and a sampler."""
 
     def __init__(self, reqs: int, slots_per_req: int, geometry: dict, device: torch.device, seed: int = 0):
         self.server_args = SimpleNamespace(kv_canary="log", kv_canary_real_kv="partial", speculative_num_steps=None,
@@ -146,32 +147,51 @@ class Layer0Runner:
             k_buffer=[torch.randn(shape, dtype=geometry["dtype"], device=device, generator=gen)],
             v_buffer=[torch.randn(shape, dtype=geometry["dtype"], device=device, generator=gen)],
         )
-        # Contiguous pages: request r's position p sits in slot 1 + r * slots_per_req + p (slot 0 is padding).
+        # Req-pool row 0 is sglang's padding row; request r uses row r + 1, whose position p sits in
+        # slot 1 + r * slots_per_req + p (contiguous pages; slot 0 is padding too).
         slots = torch.arange(1, size + 1, dtype=torch.int32, device=device).view(reqs, slots_per_req)
-        self.req_to_token_pool = SimpleNamespace(req_to_token=slots.contiguous())
+        table = torch.zeros((reqs + 1, slots_per_req), dtype=torch.int32, device=device)
+        table[1:] = slots
+        self.req_to_token_pool = SimpleNamespace(req_to_token=table)
         self.model = _NoOpModel()
+        self.next_token_ids = torch.zeros(reqs, dtype=torch.int32, device=device)
         self.canary_manager = install_canary(server_args=self.server_args, model_runner=self)
+
+    def sample(self, logits_output, forward_batch):
+        """sglang's `ModelRunner.sample` shape: one int32 token per request (set by the bench)."""
+        return self.next_token_ids
 
 
 def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: int, reps: int,
                      geometry: dict) -> dict:
-    """Device and host time the canary adds to one decode step of `reqs` requests at `context` tokens."""
+    """Device and host time the canary adds to one decode step of `reqs` requests at `context` tokens.
+
+    As an engine runs it: the decode forward is a CUDA graph captured over a static forward batch
+    (plans are read from its tensors at every replay), the canary's outside-graph context wraps each
+    replay, and the sampler's output is recorded through the canary's wrap of `model_runner.sample`.
+    """
     slots_per_req = context + host_steps + 1
     runner = Layer0Runner(reqs, slots_per_req, geometry, device)
     manager, model = runner.canary_manager, runner.model
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(1, 128_000, (reqs, slots_per_req), generator=gen)
-    known = [row[: context - 1] for row in tokens.tolist()]  # each request's token ids so far (target order)
-    rows = torch.arange(reqs, dtype=torch.int64, device=device)
-    static_ids = torch.zeros(reqs, dtype=torch.int64, device=device)
+    tokens = torch.randint(1, 128_000, (reqs, slots_per_req), generator=gen, dtype=torch.int32)
+    rows = torch.arange(1, reqs + 1, dtype=torch.int64, device=device)
+    table = runner.req_to_token_pool.req_to_token
+    static = ForwardBatch(
+        forward_mode=ForwardMode.DECODE, batch_size=reqs, req_pool_indices=rows,
+        seq_lens=torch.ones(reqs, dtype=torch.int64, device=device),
+        input_ids=torch.zeros(reqs, dtype=torch.int64, device=device),
+        positions=torch.zeros(reqs, dtype=torch.int64, device=device),
+        out_cache_loc=torch.zeros(reqs, dtype=torch.int64, device=device),
+    )
 
     def bracketed():
-        model.forward(static_ids, None, None)
+        model.forward(static.input_ids, static.positions, static)
 
     graphs = {}
     if device.type == "cuda":
-        # Captured before init finishes, as an engine captures: plans are off during capture, and
-        # each replay runs whatever the outside context planned.
+        # Captured before init finishes, as an engine captures: the canary's enable flag is 0 then,
+        # and every replay re-reads the static batch's tensors.
         stream = torch.cuda.Stream(device)
         for count in (1, reps):
             graph = torch.cuda.CUDAGraph()
@@ -189,42 +209,43 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
     prefill = ForwardBatch(
         forward_mode=ForwardMode.EXTEND, batch_size=reqs, req_pool_indices=rows,
         seq_lens=torch.full((reqs,), prefill_len, device=device),
-        input_ids=tokens[:, :prefill_len].reshape(-1).to(device),
+        input_ids=tokens[:, :prefill_len].reshape(-1).long().to(device),
         positions=torch.arange(prefill_len, device=device).repeat(reqs),
-        out_cache_loc=runner.req_to_token_pool.req_to_token[:, :prefill_len].reshape(-1).long(),
+        out_cache_loc=table[1:, :prefill_len].reshape(-1).long(),
         extend_prefix_lens=torch.zeros(reqs, dtype=torch.int32, device=device),
         extend_seq_lens=torch.full((reqs,), prefill_len, dtype=torch.int32, device=device),
-        canary_token_ids=known,
     )
     with manager.with_ops_outside_graph([0], prefill), manager.with_active_single_forward_manager(0):
         model.forward(prefill.input_ids, prefill.positions, prefill)
+    runner.next_token_ids.copy_(tokens[:, prefill_len])
+    runner.sample(None, prefill)  # the prefill's sampled tokens: what the first decode step must carry
 
-    def decode_batch(position: int) -> ForwardBatch:
-        static_ids.copy_(tokens[:, position])
-        for r, row in enumerate(known):
-            row.append(int(tokens[r, position]))
-        pos = torch.full((reqs,), position, dtype=torch.int64, device=device)
-        return ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=reqs, req_pool_indices=rows, seq_lens=pos + 1,
-            input_ids=static_ids, positions=pos,
-            out_cache_loc=runner.req_to_token_pool.req_to_token[:, position].long(), canary_token_ids=known,
-        )
+    def decode_step(position: int) -> None:
+        """Fill the static batch with decode step `position` (the graph runner's copy into its buffers)."""
+        static.input_ids.copy_(tokens[:, position])
+        static.positions.fill_(position)
+        static.seq_lens.fill_(position + 1)
+        static.out_cache_loc.copy_(table[1:, position])
+        runner.next_token_ids.copy_(tokens[:, position + 1])
 
     # Device time: one decode step's plan, the bracket replayed `reps` times in one graph (verify
     # and write are idempotent under one plan), so graph launch cost is spread over the brackets.
-    batch = decode_batch(context - 1)
-    with manager.with_ops_outside_graph([0], batch), manager.with_active_single_forward_manager(0):
+    decode_step(context - 1)
+    with manager.with_ops_outside_graph([0], static), manager.with_active_single_forward_manager(0):
         if device.type == "cuda":
             device_s = median_seconds(graphs[reps].replay, device) / reps
         else:
             bracketed()  # no graphs on CPU: the eager bracket's own time, once (phases allow one)
             device_s = None
+    runner.sample(None, static)
 
-    # Host time: the outside-graph contexts of real decode steps (the replay between them is async).
+    # Host time of real decode steps: the outside-graph contexts and the sampler wrap's record (the
+    # replay between them is async; the sampler's own work is the engine's, not the canary's).
+    original_sample = runner.sample.__wrapped_original__
     host, eager = [], []
     for step in range(1, host_steps + 1):
-        batch = decode_batch(context - 1 + step)
-        outside = manager.with_ops_outside_graph([0], batch)
+        decode_step(context - 1 + step)
+        outside = manager.with_ops_outside_graph([0], static)
         active = manager.with_active_single_forward_manager(0)
         t0 = time.perf_counter()
         outside.__enter__()
@@ -238,7 +259,11 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
         active.__exit__(None, None, None)
         outside.__exit__(None, None, None)
         t3 = time.perf_counter()
-        host.append((t1 - t0) + (t3 - t2))
+        runner.sample(None, static)
+        t4 = time.perf_counter()
+        original_sample(None, static)
+        t5 = time.perf_counter()
+        host.append((t1 - t0) + (t3 - t2) + max(0.0, (t4 - t3) - (t5 - t4)))
         eager.append(t2 - t1)
     violations = len(manager.flush())
     stats = manager.stats()

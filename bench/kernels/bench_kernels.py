@@ -7,8 +7,8 @@ launches the passes), against a device-to-device copy measured in the same run.
 
 writes DIR/results.json and DIR/scaling.png; RESULTS.md in this folder is written from them.
 
-Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B and
-expected-token entry 8 B once per position (an upper bound since the runtime's sampled-token check
+Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B once
+per position (the target's verify reads no per-position expected token: the sampled-token check
 reads one 4 B entry per request), plus per (group, half) the 32 B canary row and,
 with realkv=partial, the 32 B DRAM sector holding the 16 B of layer 0's KV row the fingerprint
 covers (rows are 2 KiB apart, so no two positions share a sector). The predecessor row
@@ -249,7 +249,7 @@ def verify_bandwidth(copy_bw, results, config):
             ops = make_ops(config[realkv])
             ms = bench_graph(lambda: ops.pre_forward(state, plan, ids))
             positions = reqs * (ctx - 1)
-            per_pos = 4 + 8 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
+            per_pos = 4 + 2 * 32 + (2 * 32 if realkv == "partial" else 0)
             bw = positions * per_pos / (ms * 1e-3)
             bad = int(state.ring_count[0])
             row = dict(realkv=realkv, pages="scattered" if scattered else "contiguous", positions=positions,

@@ -61,7 +61,7 @@ def main(path: str) -> None:
         lines += [
             "## Verify bandwidth (1,048,576 positions = 64 requests x 16384, MHA K and V halves)",
             "",
-            "Bytes per verified position: req_to_token 4 B + expected token 8 B + per half the 32 B canary row"
+            "Bytes per verified position: req_to_token 4 B + per half the 32 B canary row (no per-position expected token: the sampled-token check reads one entry per request)"
             " (+ with realkv=partial the 32 B sector holding the 16 B of layer 0's KV row it fingerprints). Predecessor rows are the neighbouring lane's"
             " and are not counted. Bar: >= 60 % of the copy bandwidth for contiguous pages.",
             "",

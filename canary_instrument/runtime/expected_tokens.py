@@ -48,6 +48,9 @@ def find_target(req_to_token: Any) -> Optional[Any]:
     return found[1]()
 
 
+_INT64: Any = None  # torch.int64, bound when the first table is made (this module imports no torch)
+
+
 class SampledTokens:
     """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none."""
 
@@ -57,16 +60,17 @@ class SampledTokens:
         # int32: sglang's samplers return int32 token ids; a sampler that returns another dtype
         # costs one cast per step.
         self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
+        global _INT64
+        _INT64 = torch.int64
 
     def record(self, req_pool_indices: Any, next_token_ids: Any) -> None:
         """One device op: ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b."""
-        import torch
-
-        if next_token_ids.dtype != self.table.dtype:
-            next_token_ids = next_token_ids.to(self.table.dtype)
-        if req_pool_indices.dtype != torch.int64:
+        table = self.table
+        if next_token_ids.dtype is not table.dtype:
+            next_token_ids = next_token_ids.to(table.dtype)
+        if req_pool_indices.dtype is not _INT64:
             req_pool_indices = req_pool_indices.long()
-        self.table.index_copy_(0, req_pool_indices, next_token_ids)
+        table.index_copy_(0, req_pool_indices, next_token_ids)
 
 
 def wrap_sample(model_runner: Any, manager: Any) -> bool:

@@ -153,9 +153,11 @@ class CanaryManager:
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
         self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> its sub-forward managers
+        self._single_listings: dict = {}  # int i -> the managers of the listing (i,)
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
+        self._readback_interval = settings.readback_interval
         self._group = process_group
         self._world = 1
         if process_group is not None:
@@ -244,6 +246,10 @@ class CanaryManager:
     def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
         """The sub-forward managers of a listing; validated once per distinct listing."""
         key = single_forward_indices
+        if type(key) is list and len(key) == 1:  # the usual wiring, `outside=[0]`: no tuple, no scan
+            found = self._single_listings.get(key[0]) if type(key[0]) is int else None
+            if found is not None:
+                return found
         if key is None or type(key) is range:
             pass
         elif type(key) in (list, tuple):
@@ -261,6 +267,8 @@ class CanaryManager:
             raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
         if key is not False and len(self._listings) < 256:
             self._listings[key] = sfms
+            if type(key) is tuple and len(key) == 1:
+                self._single_listings[key[0]] = sfms
         return sfms
 
     # Called by the bracketed model.forward.
@@ -371,14 +379,19 @@ class CanaryManager:
 
     def _readback_and_report(self, tag: _Tag) -> None:
         readback = self._readback
-        # Earlier steps' snapshots whose copies have completed (normally just the previous step's).
+        # Earlier steps' snapshots whose copies have completed (normally just the last one taken).
         while readback.pending():
             snapshot = readback.harvest()
             if snapshot is None:
                 break
             self._process(snapshot)
-        readback.take(tag)
-        self._after_step(tag.step)
+        # A snapshot every `readback_interval` steps (each is a copy and an event record: CUDA calls
+        # that contend with the graph launch's submission), and on steps whose SWA or stats line is due.
+        step = tag.step
+        stats = self._stats_interval
+        if step % self._readback_interval == 0 or tag.swa_due or (stats and step % stats == 0):
+            readback.take(tag)
+        self._after_step(step)
 
     def _drain(self, final: bool) -> None:
         import torch
@@ -427,7 +440,7 @@ class CanaryManager:
                 ).format(),
             )
         interval = self._stats_interval
-        if interval and tag.step % interval == 0 and tag.step > self._stats_logged_step:
+        if interval and tag.step // interval > self._stats_logged_step // interval:
             self._stats_logged_step = tag.step
             logger.info("%s", self._last.format())
 

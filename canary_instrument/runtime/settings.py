@@ -37,6 +37,9 @@ class CanarySettings:
     # [kv_canary_backend / -] auto | triton | torch; ops.py's KV_CANARY_BACKEND variable overrides it.
     backend: str = "auto"
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
+    # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between status snapshots (reports
+    # come back within this many steps; each snapshot is one async copy and an event)
+    readback_interval: int = 1
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     sweep_interval: int = 0  # [kv_canary_sweep_interval / -] sglang's radix-tree sweep interval; not run here
 
@@ -110,6 +113,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     ),
     "backend": (("kv_canary_backend",), (), _choice(BACKENDS)),
     "dist_interval": (("kv_canary_dist_interval",), ("KV_CANARY_DIST_INTERVAL",), _positive_int),
+    "readback_interval": (("kv_canary_readback_interval",), ("KV_CANARY_READBACK_INTERVAL",), _positive_int),
     "token_window": ((), ("KV_CANARY_TOKEN_WINDOW",), _non_negative_int),
     "sweep_interval": (("kv_canary_sweep_interval",), (), _non_negative_int),
 }

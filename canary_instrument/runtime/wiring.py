@@ -75,7 +75,7 @@ def canary_context(
     if outside is not None:
         cms.append(
             manager.with_ops_outside_graph(
-                single_forward_indices=list(outside),
+                single_forward_indices=outside if type(outside) is list else list(outside),
                 maybe_inaccurate_forward_batch=forward_batch,
             )
         )

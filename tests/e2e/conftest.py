@@ -1,5 +1,7 @@
 """Fixtures for the end-to-end suite: a reference-engine copy instrumented by the real CLI, imported once."""
 
+import logging
+
 import pytest
 import torch
 
@@ -31,8 +33,12 @@ def instrumented(tmp_path_factory):
 
 @pytest.fixture
 def engine_module(instrumented):
+    # The demo's quieting is process-wide; give the runtime logger back its level so later tests see its warnings.
+    runtime_log = logging.getLogger("canary_instrument.runtime")
+    level = runtime_log.level
     matrix.quiet_canary_log()
-    return engine_copy.import_engine(instrumented[0])
+    yield engine_copy.import_engine(instrumented[0])
+    runtime_log.setLevel(level)
 
 
 _BENCHES = {}

@@ -173,7 +173,7 @@ def test_plans_given_as_end_lengths_or_a_fixed_extend_match(device, form):
 def test_draft_token_check_against_the_target_rows(device, layout):
     sc = make_scenario(layout, "none", seed=21, num_reqs=3, max_bs=4, prefix_lens=[14, 9, 11], extend_lens=[3, 1, 0],
                        token_offset=1, target_margin=1, swa_window=6, max_context=40, full_slots=128, swa_slots=64)
-    run_both(sc.clone(), _ops())
+    run_both(to_device(sc.clone(), device), _ops())
     target = inject(sc, "wrong_token", seed=4)
     sc = to_device(sc, device)
     run_both(sc, _ops())

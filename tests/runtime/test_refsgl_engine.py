@@ -3,10 +3,11 @@ chunked prefill, SWA eviction), with the forward site wired the way ``apply`` wi
 
 import os
 import random
-import sys
+from pathlib import Path
 
 import pytest
 
+from canary_instrument.demo.engine_copy import import_engine
 from canary_instrument.runtime import canary_context, install_canary, mark_init_finished
 
 ENGINE_ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "engine")
@@ -14,12 +15,9 @@ ENGINE_ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "eng
 
 @pytest.fixture(scope="module")
 def Engine():
-    sys.path.insert(0, os.path.abspath(ENGINE_ROOT))
-    try:
-        from refsgl.srt.entrypoints.engine import Engine as engine_class
-    finally:
-        sys.path.remove(os.path.abspath(ENGINE_ROOT))
-    return engine_class
+    # import_engine replaces a refsgl imported earlier in this worker (e.g. an instrumented copy, which would
+    # install its own canary and make the one installed here a second bracket).
+    return import_engine(Path(ENGINE_ROOT)).Engine
 
 
 def _instrumented(Engine, layout):

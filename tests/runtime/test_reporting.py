@@ -39,6 +39,25 @@ def test_violations_are_read_one_step_late(dev, canary_log):
     assert {(v.group, v.half) for v in at_two} == {("full", "k"), ("full", "v")}
 
 
+def test_a_readback_interval_reports_within_that_many_steps(dev, canary_log):
+    """kv_canary_readback_interval=4: a snapshot every 4th step, read at the step after it."""
+    runner, sched, reqs = _serving(dev, kv_canary_readback_interval=4)
+    manager = runner.canary_manager
+    copies = []
+    take = manager._readback.take
+    manager._readback.take = lambda tag: copies.append(tag.step) or take(tag)
+    _remap_and_step(runner, sched, reqs)
+    step = manager.step
+    for i in range(6):
+        runner.forward(sched.decode(reqs, [41 + i, 51 + i]))
+        if manager.step < 5:  # step 4's snapshot is read at the end of step 5
+            assert Violation.find_all(canary_log.text) == []
+    found = Violation.find_all(canary_log.text)
+    assert found and {v.step for v in found} == {4} and step < 4
+    assert {v.req_pool_index for v in found} == {reqs[0].row}
+    assert copies == [4, 8]
+
+
 def test_log_mode_lines_parse_back_and_serving_continues(dev, canary_log):
     runner, sched, reqs = _serving(dev)
     _remap_and_step(runner, sched, reqs)

@@ -163,6 +163,24 @@ def _define_torchvision_ops_if_native_part_missing() -> None:
     _TORCHVISION_OPS.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 
+class _StandInMeta(type):
+    """A stand-in name: reading its attributes (``scalar_types.uint4b8`` at module level) gives more
+    stand-ins, subclassing it works, calling it raises."""
+
+    def __getattr__(cls, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _stand_in(cls.__module__, f"{cls.__qualname__}.{attr}")
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f"{cls.__module__}.{cls.__qualname__} is a test stand-in: {cls.__module__} (a CUDA "
+                           "kernel package) is not installed, and the canary tests never call it")
+
+
+def _stand_in(owner: str, name: str) -> type:
+    return _StandInMeta(name.rsplit(".", 1)[-1], (), {"__module__": owner, "__qualname__": name})
+
+
 class _CudaKernelStandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """On a CUDA machine, sglang's modules import its CUDA kernel packages at module level (``if _is_cuda:
     from sgl_kernel import int8_scaled_mm``, ``from sgl_kernel.kvcacheio import ...``, ``from flashinfer import
@@ -202,11 +220,6 @@ class _CudaKernelStandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def __getattr__(attr, _owner=module.__name__):
             if attr.startswith("__"):
                 raise AttributeError(attr)
-
-            def not_installed(*args, **kwargs):
-                raise RuntimeError(f"{_owner}.{attr} is a test stand-in: {_owner} (a CUDA kernel package) is not "
-                                   "installed, and the canary tests never call it")
-
-            return not_installed
+            return _stand_in(_owner, attr)
 
         module.__getattr__ = __getattr__

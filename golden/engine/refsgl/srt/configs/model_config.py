@@ -22,6 +22,8 @@ class ModelConfig:
     qk_rope_head_dim: int
     sliding_window_size: Optional[int]  # set for swa only
     is_draft: bool = False
+    # Positions the model must embed (its rotary table's length): the engine's max_context_len.
+    context_len: int = ServerArgs.max_context_len
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "ModelConfig":
@@ -36,6 +38,7 @@ class ModelConfig:
             kv_lora_rank=args.kv_lora_rank,
             qk_rope_head_dim=args.qk_rope_head_dim,
             sliding_window_size=args.sliding_window_size if args.attention_layout == "swa" else None,
+            context_len=args.max_context_len,
         )
 
     @classmethod
