@@ -10,6 +10,7 @@ The placeholder helper's counts are the ground truth for "wired / expected".
 from __future__ import annotations
 
 import ast
+import atexit
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def outcome(version: str) -> Outcome:
         return _OUTCOMES[version]
     srt = sglang_srt(version)
     base = Path(tempfile.mkdtemp(prefix=f"realtree-{version}-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)  # three copies of `srt`, ~230 MB a release
     # Copied as `<tmp>/<name>/sglang/srt`, the layout of a checkout: `sglang` is the files' own package.
     hand, place, reference = (base / name / "sglang" / "srt" for name in ("hand", "place", "reference"))
     shutil.copytree(srt, hand)
