@@ -2,6 +2,7 @@
 
 from canary_instrument.catalog.loader import BUNDLED, build_catalog, find_pyproject, load_catalog
 from canary_instrument.catalog.model import (
+    EVIDENCE,
     RUNTIME_EXPORTS,
     Catalog,
     CatalogError,
@@ -9,6 +10,7 @@ from canary_instrument.catalog.model import (
     KvForward,
     Location,
     Manager,
+    ModelRunnerShape,
     Site,
     Trigger,
     call_matches,
@@ -16,6 +18,7 @@ from canary_instrument.catalog.model import (
 )
 
 __all__ = [
-    "BUNDLED", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "KvForward", "Location", "Manager", "Site",
+    "BUNDLED", "EVIDENCE", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "KvForward", "Location", "Manager",
+    "ModelRunnerShape", "Site",
     "Trigger", "build_catalog", "call_matches", "find_pyproject", "load_catalog", "path_matches",
 ]

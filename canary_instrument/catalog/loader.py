@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from canary_instrument.catalog.model import (
-    TRIGGER_KINDS, Catalog, CatalogError, Hook, KvForward, Location, Manager, Site, Trigger,
+    EVIDENCE,
+    TRIGGER_KINDS,
+    Catalog,
+    CatalogError,
+    Hook,
+    KvForward,
+    Location,
+    Manager,
+    ModelRunnerShape,
+    Site,
+    Trigger,
 )
 
 try:
@@ -74,10 +84,19 @@ def _read_toml(path: Path) -> dict:
 
 _TOP_KEYS = {
     "default", "runtime_module", "member", "placeholder_factory", "managers", "sites", "hooks",
-    "triggers", "extend_triggers", "exclude", "catalog", "kv_forward",
+    "triggers", "extend_triggers", "exclude", "catalog", "null_contexts", "model_runner", "kv_forward",
 }
-_SITE_KEYS = {"role", "placeholder", "shape", "calls", "wiring", "item", "loop", "candidates", "extend_candidates"}
-_HOOK_KEYS = {"role", "after_calls", "statement", "candidates", "extend_candidates"}
+_SITE_KEYS = {
+    "role", "placeholder", "shape", "calls", "wiring", "item", "loop", "candidates", "extend_candidates",
+    "manager", "requires", "class_refs", "evidence",
+}
+_HOOK_KEYS = {
+    "role", "place", "after_calls", "assigns", "statement", "scope", "manager", "candidates", "extend_candidates",
+}
+_MODEL_RUNNER_KEYS = {"class_calls", "names", "types"}
+_SHAPES = ("wrap", "with_item", "argument")
+_PLACES = ("after_assign", "after_capture")
+_SCOPES = ("model_runner", "holder", "manager")
 _LOCATION_KEYS = {"path", "classes", "methods", "manager"}
 _TRIGGER_KEYS = {"calls", "what", "kind"}
 _KV_FORWARD_KEYS = {"methods", "batch_types", "batch_names"}
@@ -93,6 +112,14 @@ def _check_layer(source: str, raw: dict) -> None:
     for key in ("sites", "hooks", "triggers", "extend_triggers"):
         if key in raw and not (isinstance(raw[key], list) and all(isinstance(e, dict) for e in raw[key])):
             raise CatalogError(f"{source}: {key}: expected an array of tables ([[{key}]])")
+    if "model_runner" in raw:
+        if not isinstance(raw["model_runner"], dict):
+            raise CatalogError(f"{source}: model_runner: expected a table [model_runner]")
+        for field in raw["model_runner"]:
+            if field not in _MODEL_RUNNER_KEYS:
+                raise CatalogError(
+                    f"{source}: model_runner.{field}: unknown field (known: {', '.join(sorted(_MODEL_RUNNER_KEYS))})"
+                )
     for key in ("triggers", "extend_triggers"):
         for index, entry in enumerate(raw.get(key, [])):
             for field in entry:
@@ -137,12 +164,12 @@ def _overlay(base: dict, layer: dict) -> dict:
     for key, value in layer.items():
         if key in ("default",):
             continue
-        if key == "kv_forward":
-            merged["kv_forward"] = {**merged.get("kv_forward", {}), **copy.deepcopy(value)}
+        if key in ("kv_forward", "model_runner"):
+            merged[key] = {**merged.get(key, {}), **copy.deepcopy(value)}
         elif key == "managers":
-            managers = merged.setdefault("managers", {})
+            tables = merged.setdefault(key, {})
             for name, fields in value.items():
-                managers[name] = {**managers.get(name, {}), **fields}
+                tables[name] = {**tables.get(name, {}), **fields}
         elif key in ("sites", "hooks"):
             entries = merged.setdefault(key, [])
             for entry in value:
@@ -168,10 +195,10 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
             raise CatalogError(f"{source}: {where}: expected a non-empty string, got {value!r}")
         return value
 
-    def strings(value, where):
+    def strings(value, where, empty=False):
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        if not isinstance(value, list) or (not value and not empty) or not all(isinstance(v, str) and v for v in value):
             raise CatalogError(f"{source}: {where}: expected a non-empty list of strings, got {value!r}")
         return tuple(value)
 
@@ -183,6 +210,15 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
             raise CatalogError(f"{source}: {where}: not a Python expression: {error.msg}: {text!r}") from None
         return text
 
+    def manager_name(value, where):
+        name = string(value, where)
+        if name not in managers:
+            raise CatalogError(
+                f"{source}: {where}: {name!r} is not a [managers.NAME] table "
+                f"(known: {', '.join(sorted(managers)) or 'none'})"
+            )
+        return name
+
     runtime_module = string(raw.get("runtime_module", "canary_instrument.runtime"), "runtime_module")
     if not all(part.isidentifier() for part in runtime_module.split(".")):
         raise CatalogError(f"{source}: runtime_module: expected a dotted module name, got {runtime_module!r}")
@@ -192,6 +228,14 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
     factory = string(raw.get("placeholder_factory", "contextlib.nullcontext"), "placeholder_factory")
     if "." not in factory:
         raise CatalogError(f"{source}: placeholder_factory: expected a qualified name such as contextlib.nullcontext")
+    null_contexts = strings(raw.get("null_contexts", ["nullcontext", "empty_context"]), "null_contexts", empty=True)
+    shape_raw = raw.get("model_runner", {})
+    default_shape = ModelRunnerShape()
+    model_runner = ModelRunnerShape(
+        class_calls=strings(shape_raw.get("class_calls", list(default_shape.class_calls)), "model_runner.class_calls"),
+        names=strings(shape_raw.get("names", list(default_shape.names)), "model_runner.names"),
+        types=strings(shape_raw.get("types", list(default_shape.types)), "model_runner.types", empty=True),
+    )
 
     managers = {}
     for name, fields in raw.get("managers", {}).items():
@@ -202,26 +246,21 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
             guard=expression(fields["guard"], f"{where}.guard") if "guard" in fields else None,
         )
 
-    def locations(entry, where, need_manager):
+    def locations(entry, where):
         result = []
-        candidates = entry.get("candidates")
-        if not isinstance(candidates, list) or not candidates:
-            raise CatalogError(f"{source}: {where}.candidates: expected at least one [[...candidates]] location")
+        candidates = entry.get("candidates", [])
+        if not isinstance(candidates, list):
+            raise CatalogError(f"{source}: {where}.candidates: expected [[...candidates]] locations")
         for position, location in enumerate(candidates):
             at = f"{where}.candidates[{position}]"
             manager = location.get("manager")
-            if need_manager:
-                manager = string(manager, f"{at}.manager")
-                if manager not in managers:
-                    raise CatalogError(
-                        f"{source}: {at}.manager: {manager!r} is not a [managers.NAME] table "
-                        f"(known: {', '.join(sorted(managers)) or 'none'})"
-                    )
+            if manager is not None:
+                manager = manager_name(manager, f"{at}.manager")
             result.append(
                 Location(
                     path=string(location.get("path"), f"{at}.path"),
-                    classes=strings(location.get("classes"), f"{at}.classes"),
-                    methods=strings(location.get("methods"), f"{at}.methods"),
+                    classes=strings(location.get("classes", ["*"]), f"{at}.classes"),
+                    methods=strings(location.get("methods", ["*"]), f"{at}.methods"),
                     manager=manager,
                 )
             )
@@ -231,8 +270,8 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
     for entry in raw.get("sites", []):
         where = f"sites[role={entry['role']}]"
         shape = entry.get("shape")
-        if shape not in ("wrap", "with_item"):
-            raise CatalogError(f"{source}: {where}.shape: expected \"wrap\" or \"with_item\", got {shape!r}")
+        if shape not in _SHAPES:
+            raise CatalogError(f"{source}: {where}.shape: expected one of {', '.join(_SHAPES)}, got {shape!r}")
         item = entry.get("item", "first")
         if item not in ("first", "last"):
             raise CatalogError(f"{source}: {where}.item: expected \"first\" or \"last\", got {item!r}")
@@ -245,6 +284,16 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         placeholder = string(entry.get("placeholder"), f"{where}.placeholder")
         if not placeholder.isidentifier():
             raise CatalogError(f"{source}: {where}.placeholder: expected an identifier, got {placeholder!r}")
+        candidates = locations(entry, where)
+        manager = entry.get("manager")
+        if manager is None:
+            # Older catalogs named the manager per candidate.
+            manager = next((c.manager for c in candidates if c.manager), None)
+        manager = manager_name(manager, f"{where}.manager")
+        evidence = strings(entry.get("evidence", []), f"{where}.evidence", empty=True)
+        for name in evidence:
+            if name not in EVIDENCE:
+                raise CatalogError(f"{source}: {where}.evidence: {name!r} is not one of {', '.join(EVIDENCE)}")
         sites.append(
             Site(
                 role=entry["role"],
@@ -252,9 +301,13 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
                 shape=shape,
                 calls=strings(entry.get("calls"), f"{where}.calls"),
                 wiring=wiring,
-                candidates=locations(entry, where, need_manager=True),
+                manager=manager,
+                candidates=candidates,
                 item=item,
                 loop=loop,
+                requires=strings(entry.get("requires", []), f"{where}.requires", empty=True),
+                class_refs=strings(entry.get("class_refs", []), f"{where}.class_refs", empty=True),
+                evidence=evidence,
             )
         )
 
@@ -263,17 +316,34 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         where = f"hooks[role={entry['role']}]"
         statement = string(entry.get("statement"), f"{where}.statement")
         try:
-            parsed = ast.parse(statement)
+            parsed = ast.parse(statement.replace("{model_runner}", "self").replace("{value}", "self.value"))
         except SyntaxError as error:
             raise CatalogError(f"{source}: {where}.statement: not a Python statement: {error.msg}") from None
         if len(parsed.body) != 1 or not isinstance(parsed.body[0], (ast.Assign, ast.Expr)):
             raise CatalogError(f"{source}: {where}.statement: expected one assignment or call statement")
+        place = entry.get("place", "after_assign")
+        if place not in _PLACES:
+            raise CatalogError(f"{source}: {where}.place: expected one of {', '.join(_PLACES)}, got {place!r}")
+        scope = entry.get("scope", "model_runner")
+        if scope not in _SCOPES:
+            raise CatalogError(f"{source}: {where}.scope: expected one of {', '.join(_SCOPES)}, got {scope!r}")
+        manager = entry.get("manager")
+        if scope == "manager" or manager is not None:
+            manager = manager_name(manager, f"{where}.manager")
+        after_calls = strings(entry.get("after_calls", []), f"{where}.after_calls", empty=True)
+        assigns = strings(entry.get("assigns", []), f"{where}.assigns", empty=True)
+        if not after_calls and not assigns:
+            raise CatalogError(f"{source}: {where}.after_calls: a hook needs `after_calls` or `assigns`")
         hooks.append(
             Hook(
                 role=entry["role"],
-                after_calls=strings(entry.get("after_calls"), f"{where}.after_calls"),
+                place=place,
                 statement=statement,
-                candidates=locations(entry, where, need_manager=False),
+                scope=scope,
+                after_calls=after_calls,
+                assigns=assigns,
+                manager=manager,
+                candidates=locations(entry, where),
             )
         )
 
@@ -312,5 +382,7 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         triggers=tuple(triggers),
         exclude=tuple(exclude),
         sources=sources,
+        null_contexts=null_contexts,
+        model_runner=model_runner,
         kv_forward=kv_forward,
     )

@@ -1,4 +1,4 @@
-"""The site catalog as typed, validated data: roles, candidate locations, managers, hooks, triggers."""
+"""The site catalog as typed, validated data: roles described by shape, managers, hooks, triggers, location hints."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 # What the runtime module exports (docs/architecture.md, "The wiring contract").
-RUNTIME_EXPORTS = ("canary_context", "install_canary", "mark_init_finished", "context_tuple")
+RUNTIME_EXPORTS = ("attach_radix_cache", "canary_context", "context_tuple", "install_canary", "mark_init_finished")
+
+# The arguments a site's wiring can carry: the hand-written `with_ops_outside_graph(...)` gives `outside`
+# (and the forward batch), `with_active_single_forward_manager(...)` gives `active`.
+EVIDENCE = ("outside", "active")
 
 
 class CatalogError(ValueError):
@@ -30,11 +34,16 @@ def path_matches(posix_path: str, pattern: str) -> bool:
 
 @dataclass(frozen=True)
 class Location:
-    """One candidate location of a role: a file path suffix, class and method name patterns."""
+    """A location hint of a role: a file path suffix, class and method name patterns.
+
+    Hints say where `scaffold` puts a placeholder in a tree that has none, and which files
+    without the word `canary` are read at all; on a tree that holds placeholders or wiring,
+    sites and hooks are found from what is there, whatever the hints say.
+    """
 
     path: str
-    classes: tuple[str, ...]
-    methods: tuple[str, ...]
+    classes: tuple[str, ...] = ("*",)
+    methods: tuple[str, ...] = ("*",)
     manager: str | None = None
 
     def matches_path(self, posix_path: str) -> bool:
@@ -55,29 +64,61 @@ class Manager:
     expression: str
     guard: str | None = None
 
+    @property
+    def owner(self) -> str:
+        """What holds the manager: `self.model_runner` for `self.model_runner.canary_manager`, `self` for
+        `self.canary_manager`. A class that uses its owner can reach the manager."""
+        return self.expression.rpartition(".")[0] or self.expression
+
+
+@dataclass(frozen=True)
+class ModelRunnerShape:
+    """How a model runner is recognised: by what its class calls, and by the names and types that hold one."""
+
+    class_calls: tuple[str, ...] = ("_forward_raw",)
+    names: tuple[str, ...] = ("*model_runner", "mr")
+    types: tuple[str, ...] = ("*ModelRunner",)
+
 
 @dataclass(frozen=True)
 class Site:
-    """A placeholder role: where the placeholder goes and what it becomes when wired."""
+    """A placeholder role, described by the shape of the code the placeholder guards."""
 
     role: str
     placeholder: str
-    shape: str  # "wrap" | "with_item"
-    calls: tuple[str, ...]
+    shape: str  # "wrap" | "with_item" (the placeholder guards a with block) | "argument" (it is passed to a call)
+    calls: tuple[str, ...]  # what the guarded block (or the call receiving the placeholder) calls
     wiring: str  # expression; `{loop_index}` is the enclosing for-loop's variable
-    candidates: tuple[Location, ...]
+    manager: str  # a [managers.NAME] key
+    candidates: tuple[Location, ...] = ()
     item: str = "first"  # with_item: where the placeholder joins the with items
     loop: bool = False  # the site sits in a for loop whose variable the wiring uses
+    requires: tuple[str, ...] = ()  # at least one of these must be called (default: one of `calls`)
+    class_refs: tuple[str, ...] = ()  # the site's class must reference one of these dotted names
+    evidence: tuple[str, ...] = ()  # the arguments (EVIDENCE) hand-written wiring of this role carries
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return self.requires or self.calls
 
 
 @dataclass(frozen=True)
 class Hook:
-    """A statement apply inserts after an anchor statement and revert removes."""
+    """A statement apply inserts where its shape says (after the KV pool, after graph capture ...) and revert removes.
+
+    `statement` may name `{model_runner}` (the model runner as the enclosing code reaches it:
+    `self`, a parameter, `self.tp_worker.model_runner`) and `{value}` (the attribute `place =
+    "after_assign"` found assigned, e.g. `self.tree_cache`).
+    """
 
     role: str
-    after_calls: tuple[str, ...]
+    place: str  # "after_assign" | "after_capture"
     statement: str
-    candidates: tuple[Location, ...]
+    scope: str  # "model_runner" | "holder" | "manager"
+    after_calls: tuple[str, ...] = ()
+    assigns: tuple[str, ...] = ()
+    manager: str | None = None  # scope = "manager": classes that reach this manager
+    candidates: tuple[Location, ...] = ()
 
 
 TRIGGER_KINDS = ("forward", "graph")
@@ -117,6 +158,8 @@ class Catalog:
     triggers: tuple[Trigger, ...]
     exclude: tuple[str, ...]
     sources: tuple[str, ...]
+    null_contexts: tuple[str, ...] = ("nullcontext", "empty_context")
+    model_runner: ModelRunnerShape = ModelRunnerShape()
     kv_forward: KvForward = KvForward()
 
     @property

@@ -19,7 +19,7 @@ from canary_instrument.rewrite.cache import CheckCache, content_hash
 from canary_instrument.rewrite.callgraph import CallGraph
 from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.locate import analyse, same_code
+from canary_instrument.rewrite.locate import analyse
 from canary_instrument.rewrite.parallel import map_two
 from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
 from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
@@ -295,29 +295,32 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
     analysis = parsed.analysis
     report = FileReport(
         path=parsed.path,
-        wired=any(m.state == "wired" for m in analysis.sites),
+        # Hand-written wiring is wiring too: a tree that holds it is not half-wired for lack of generated code.
+        wired=any(m.state in ("wired", "handwritten") for m in analysis.sites),
         roles_expected=set(analysis.roles_expected),
-        roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks},
+        roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks}
+        | analysis.roles_reported,
     )
     add, when_wired, when_unwired = report.findings.append, report.when_wired.append, report.when_unwired.append
 
     for match in analysis.sites:
-        role, placeholder = match.site.role, match.site.placeholder
-        where = f"{match.class_node.name}.{match.method.name}"
+        role, placeholder = match.site.role, match.placeholder
+        where = match.where
         if match.state == "missing":
             add(parsed.finding(
                 match.first, codes.MISSING_PLACEHOLDER,
                 f"{role} site in {where} has no `{placeholder}` placeholder; run `canary-instrument scaffold`",
             ))
-        elif match.state == "incomplete":
-            add(parsed.finding(
-                match.anchor, codes.INCOMPLETE_PLACEHOLDER,
-                f"{role} site in {where}: `{placeholder}` is used but never assigned",
-            ))
         elif match.state == "other":
             add(parsed.finding(
                 match.anchor, codes.INCOMPLETE_PLACEHOLDER,
                 f"{role} site in {where}: `{placeholder}` holds neither a placeholder nor generated wiring",
+            ))
+        elif match.state == "handwritten":
+            add(parsed.finding(
+                match.anchor, codes.HAND_WRITTEN,
+                f"{role} site in {where}: `{placeholder}` holds hand-written canary wiring; "
+                f"`canary-instrument apply` migrates it to `{placeholder} = {match.wiring()}`",
             ))
         elif match.state == "placeholder":
             when_wired(parsed.finding(
@@ -325,7 +328,7 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
                 f"half-wired: {role} site in {where} still holds a placeholder while the tree is wired; "
                 "run `canary-instrument apply`",
             ))
-        elif match.state == "wired" and not same_code(match.assign.value, match.wiring()):
+        elif match.state == "wired" and not match.conforms():
             add(parsed.finding(
                 match.anchor, codes.STALE_WIRING,
                 f"{role} site in {where} is wired differently from the catalog ({match.wiring()}); "
@@ -333,20 +336,30 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             ))
 
     for hook in analysis.hooks:
+        role = hook.hook.role
         if not hook.present:
             when_wired(parsed.finding(
                 hook.anchor, codes.HOOK_MISSING,
-                f"half-wired: the {hook.hook.role} hook is missing after this statement in "
-                f"{hook.class_node.name}.{hook.method.name}; run `canary-instrument apply`",
+                f"half-wired: the {role} hook `{hook.statement}` is missing in {hook.where}; "
+                "run `canary-instrument apply`",
             ))
-        else:
+            continue
+        generated = [p for p in hook.present if p.handwritten is None]
+        if generated:
             when_unwired(parsed.finding(
-                hook.present[0][0], codes.HOOK_WITHOUT_WIRING,
-                f"half-wired: the {hook.hook.role} hook is present but no site is wired; "
+                generated[0].node, codes.HOOK_WITHOUT_WIRING,
+                f"half-wired: the {role} hook is present but no site is wired; "
                 "run `canary-instrument apply` (or `revert`)",
             ))
-        for statement, _ in hook.present[1:]:
-            add(parsed.finding(statement, codes.DUPLICATED_PLACEHOLDER, f"duplicated {hook.hook.role} hook"))
+        for present in hook.present:
+            if present.handwritten is not None:
+                add(parsed.finding(
+                    present.node, codes.HAND_WRITTEN,
+                    f"{role} hook holds hand-written canary wiring; `canary-instrument apply` migrates it to "
+                    f"`{present.migrated}`",
+                ))
+        for present in hook.present[1:]:
+            add(parsed.finding(present.node, codes.DUPLICATED_PLACEHOLDER, f"duplicated {role} hook"))
 
     for info in analysis.members:
         class_wired = any(m.state == "wired" and m.class_node is info.class_node for m in analysis.sites)
@@ -368,16 +381,32 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
             f"{cls.name} holds sites whose catalog managers differ ({first}, {second}); one member "
             "cannot serve both",
         ))
-    for stray in analysis.strays:
-        if stray.duplicated:
+    for problem in analysis.problems:
+        name = problem.name
+        if problem.kind == "duplicated":
             add(parsed.finding(
-                stray.node, codes.DUPLICATED_PLACEHOLDER,
-                f"duplicated placeholder `{stray.name}`: its site already has one; remove this one",
+                problem.node, codes.DUPLICATED_PLACEHOLDER,
+                f"duplicated placeholder `{name}`: its site already has one; remove this one",
+            ))
+        elif problem.kind == "incomplete":
+            add(parsed.finding(
+                problem.node, codes.INCOMPLETE_PLACEHOLDER, f"`{name}` is used but never assigned",
+            ))
+        elif problem.kind == "unknown":
+            add(parsed.finding(
+                problem.node, codes.UNKNOWN_HAND_WIRING,
+                f"`{name}` holds hand-written canary wiring that no catalog role covers; to let the tool "
+                f"manage it, add under [tool.canary-instrument]: {problem.detail}",
+            ))
+        elif problem.kind == "ambiguous":
+            add(parsed.finding(
+                problem.node, codes.AMBIGUOUS_ROLE,
+                f"`{name}` fits the catalog roles {problem.detail} equally well; make one more specific "
+                "(calls, requires, class_refs, loop) in the catalog",
             ))
         else:
             add(parsed.finding(
-                stray.node, codes.STRAY_PLACEHOLDER,
-                f"stray placeholder `{stray.name}` outside every catalogued site; remove it, or add its "
-                "site to the catalog",
+                problem.node, codes.STRAY_PLACEHOLDER,
+                f"stray placeholder `{name}` ({problem.detail}); remove it, or add its site to the catalog",
             ))
     return report

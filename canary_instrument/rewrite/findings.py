@@ -11,6 +11,9 @@ SITE_NOT_FOUND = "CI102"
 STRAY_PLACEHOLDER = "CI103"
 DUPLICATED_PLACEHOLDER = "CI104"
 INCOMPLETE_PLACEHOLDER = "CI105"
+HAND_WRITTEN = "CI106"
+UNKNOWN_HAND_WIRING = "CI107"
+AMBIGUOUS_ROLE = "CI108"
 UNWIRED_SITE = "CI201"
 HOOK_MISSING = "CI202"
 HOOK_WITHOUT_WIRING = "CI203"
@@ -30,9 +33,12 @@ DESCRIPTIONS = {
     MISSING_PLACEHOLDER: "a catalogued site holds no placeholder",
     SITE_NOT_FOUND: "a catalogued file exists but none of its role's statement shapes is in it",
     STRAY_PLACEHOLDER: "a canary-named placeholder outside every catalogued site",
-    DUPLICATED_PLACEHOLDER: "a second placeholder of the same name inside a site's method",
+    DUPLICATED_PLACEHOLDER: "a second placeholder of the same role inside a site's method, or a duplicated hook",
     INCOMPLETE_PLACEHOLDER: "a placeholder used without its assignment, or assigned something neither "
     "a placeholder nor generated wiring",
+    HAND_WRITTEN: "upstream's hand-written canary wiring at a site or hook; `apply` migrates it to generated wiring",
+    UNKNOWN_HAND_WIRING: "hand-written canary wiring no catalog role covers (the message holds a catalog entry that would)",
+    AMBIGUOUS_ROLE: "a site whose shape fits two catalog roles equally well",
     UNWIRED_SITE: "half-wired: the tree is wired but this site still holds a placeholder",
     HOOK_MISSING: "half-wired: the tree is wired but an install or init-finished hook is missing",
     HOOK_WITHOUT_WIRING: "half-wired: a hook is present but no site is wired",

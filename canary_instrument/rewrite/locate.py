@@ -1,135 +1,56 @@
-"""Find the catalog's sites, hooks, generated members and stray placeholders in one file.
+"""Find the sites, hooks, generated members and stray or unknown canary code of one file.
 
 Standard-library `ast` only, so `check` stays fast. This is the one site-locating logic:
 `check` reports from it, and scaffold/apply/revert edit exactly the statements it names
 (they map its positions onto libcst nodes).
+
+Sites come from what is there: an assignment `NAME = VALUE` (NAME a catalog placeholder name
+or canary-named, `canary*_ctx`) that a later `with` of its block enters, or that is passed to a
+call, is a site; VALUE says its state (placeholder, generated wiring, upstream's hand-written
+wiring); the shape around it gives its role (rewrite/roles.py). In a tree with no placeholder
+yet, the catalog's location hints say where scaffold puts them.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from canary_instrument.catalog import Catalog, Hook, Location, Manager, Site, call_matches
+from canary_instrument.catalog import Catalog, Location, Manager, Site, call_matches
+from canary_instrument.rewrite.handwritten import HandWired, last_name, parse_site
+from canary_instrument.rewrite.hooks import HookMatch, locate_hooks
+from canary_instrument.rewrite.roles import Context, resolve, scoped_manager, suggest_entry
+from canary_instrument.rewrite.shapes import (
+    ClassFacts,
+    Imports,
+    call_names,
+    calls_any,
+    child_blocks,
+    dotted_name,
+    function_model_runner,
+    functions_of,
+    iter_calls,
+    local_aliases,
+    loop_index,
+    same_code,
+    statements,
+    walk_blocks,
+)
+
+__all__ = [
+    "MEMBER_MARKER", "FileAnalysis", "HookMatch", "Imports", "MemberInfo", "Problem", "SiteMatch",
+    "analyse", "call_names", "child_blocks", "dotted_name", "iter_calls", "same_code", "statements",
+]
 
 MEMBER_MARKER = "# canary-instrument: generated; `canary-instrument revert` removes it"
+CONTEXT_FUNCTION = "canary_context"
 _CANARY_NAME = re.compile(r"canary\w*_ctx\Z")
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-
-
-def dotted_name(node: ast.AST) -> str | None:
-    """`self.a.b` for an attribute chain; a chain rooted in a call reads `f().b`; else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    elif isinstance(node, ast.Call):
-        inner = dotted_name(node.func)
-        if inner is None:
-            return None
-        parts.append(inner + "()")
-    else:
-        return None
-    return ".".join(reversed(parts))
-
-
-def iter_calls(node: ast.AST):
-    """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped)."""
-    if isinstance(node, _SCOPES):
-        return
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, ast.Call):
-            yield current
-        for child in ast.iter_child_nodes(current):
-            if not isinstance(child, _SCOPES):
-                stack.append(child)
-
-
-def calls_any(node: ast.AST, patterns) -> bool:
-    return any(
-        (name := dotted_name(call.func)) is not None and any(call_matches(name, p) for p in patterns)
-        for call in iter_calls(node)
-    )
-
-
-def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
-    """The statement lists nested directly in a compound statement."""
-    blocks = []
-    for name in ("body", "orelse", "finalbody"):
-        block = getattr(stmt, name, None)
-        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-            blocks.append(block)
-    for handler in getattr(stmt, "handlers", ()):
-        blocks.append(handler.body)
-    for case in getattr(stmt, "cases", ()):
-        blocks.append(case.body)
-    return blocks
-
-
-def statements(tree: ast.AST):
-    """`ast.walk(tree)` restricted to statements (and the except/case clauses that hold some), in the
-    same order, without visiting expressions: statements only ever nest in statements, so this is
-    exactly the statements `ast.walk` yields, at a fraction of its cost on a large file."""
-    queue = deque([tree])
-    while queue:
-        node = queue.popleft()
-        yield node
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(value, list):
-                queue.extend(v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case)))
-
-
-class Imports:
-    """Local names bound by imports, resolved to qualified names (`cl` -> `contextlib`)."""
-
-    def __init__(self, tree: ast.Module) -> None:
-        self.names: dict[str, str] = {}
-        for node in statements(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        self.names[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        self.names[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    self.names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-
-    def resolve(self, dotted: str) -> str:
-        head, _, rest = dotted.partition(".")
-        qualified = self.names.get(head, head)
-        return f"{qualified}.{rest}" if rest else qualified
-
-    def spelling(self, qualified: str) -> str | None:
-        """How this file can spell a qualified name with its existing imports, or None."""
-        module, _, attribute = qualified.rpartition(".")
-        for local, target in sorted(self.names.items()):
-            if target == qualified:
-                return local
-        for local, target in sorted(self.names.items()):
-            if target == module:
-                return f"{local}.{attribute}"
-        return None
-
-
-def same_code(node: ast.AST, text: str) -> bool:
-    """True when an ast statement (or expression) is the code `text` spells, formatting aside."""
-    parsed = ast.parse(text)
-    other = parsed.body[0] if isinstance(node, ast.stmt) else parsed.body[0].value
-    return ast.dump(node) == ast.dump(other)
 
 
 def value_kind(value: ast.AST, imports: Imports, catalog: Catalog) -> str:
-    """`placeholder` (a call of the placeholder factory), `wired` (`self.<member>(...)`) or `other`."""
+    """`placeholder`, `wired` (`self.<member>(...)` or the runtime's `canary_context(...)`), `handwritten` or `other`."""
     if isinstance(value, ast.Call):
         name = dotted_name(value.func)
         if name is not None:
@@ -137,43 +58,105 @@ def value_kind(value: ast.AST, imports: Imports, catalog: Catalog) -> str:
                 return "placeholder"
             if name == f"self.{catalog.member}":
                 return "wired"
+            if imports.resolve(name) == f"{catalog.runtime_module}.{CONTEXT_FUNCTION}":
+                return "wired"
+    if parse_site(value, imports.resolve, catalog.placeholder_factory, catalog.null_contexts) is not None:
+        return "handwritten"
     return "other"
+
+
+def _literal(node: ast.AST, loop_var: str | None) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id == loop_var
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 @dataclass
 class SiteMatch:
-    """A located placeholder site and its state: missing, placeholder, wired, other or incomplete."""
+    """A placeholder site and its state: missing, placeholder, wired, handwritten, incomplete or other."""
 
     site: Site
-    location: Location
-    class_node: ast.ClassDef
+    location: Location | None
+    class_node: ast.ClassDef | None
     method: ast.FunctionDef | ast.AsyncFunctionDef
     block: list[ast.stmt]  # holds first..last (wrap: the statements wrapped; with_item: the with)
     first: ast.stmt
     last: ast.stmt
+    manager: Manager
+    member: str
     loop_index: str | None = None
     wrapper: ast.With | None = None  # the `with <placeholder>:` (wrap) or the with holding the item
     wrapper_block: list[ast.stmt] | None = None
     assign: ast.Assign | None = None
     state: str = "missing"
+    handwired: HandWired | None = None
+    usage: str = "with"  # "with" | "argument"
+    placeholder: str = ""  # the assigned name (the role's placeholder for a missing site)
 
     @property
     def anchor(self) -> ast.stmt:
         """Where findings about this site point: the assignment, else the wrapper, else the first statement."""
         return self.assign or self.wrapper or self.first
 
+    @property
+    def where(self) -> str:
+        return f"{self.class_node.name}.{self.method.name}" if self.class_node is not None else self.method.name
+
+    @property
+    def module_level(self) -> bool:
+        return self.class_node is None
+
+    def _template(self) -> ast.Call:
+        return ast.parse(self.site.wiring.replace("{loop_index}", self.loop_index or ""), mode="eval").body
+
     def wiring(self) -> str:
-        return self.site.wiring.replace("{loop_index}", self.loop_index or "")
+        """The expression this site's placeholder becomes (or its wiring must conform to)."""
+        text = self.site.wiring.replace("{loop_index}", self.loop_index or "")
+        if self.handwired is None and not self.module_level:
+            return text
+        call = self._template()
+        forward_batch = ast.unparse(call.args[0]) if call.args else None
+        keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        if self.handwired is not None:
+            # Keep the hand-written expression where the catalog's is not a literal (the user's
+            # `list(range(n_inner))`); literals (`[0]`, the loop index) are the catalog's.
+            mine = {"outside": self.handwired.outside, "active": self.handwired.active}
+            for key in keywords:
+                given = mine.get(key)
+                value = next(k.value for k in call.keywords if k.arg == key)
+                if given is not None and not _literal(value, self.loop_index):
+                    keywords[key] = given
+            if forward_batch is not None and self.handwired.forward_batch and not _literal(call.args[0], None):
+                forward_batch = self.handwired.forward_batch
+        arguments = ([forward_batch] if forward_batch else []) + [f"{k}={v}" for k, v in keywords.items()]
+        if not self.module_level:
+            return f"self.{self.member}({', '.join(arguments)})"
+        manager = self.manager
+        expression = f"None if {manager.guard} else {manager.expression}" if manager.guard else manager.expression
+        return f"{CONTEXT_FUNCTION}({', '.join([expression, *arguments])})"
 
-
-@dataclass
-class HookMatch:
-    hook: Hook
-    class_node: ast.ClassDef
-    method: ast.FunctionDef | ast.AsyncFunctionDef
-    anchor: ast.stmt  # the statement the hook goes after
-    anchor_block: list[ast.stmt]
-    present: list[tuple[ast.stmt, list[ast.stmt]]] = field(default_factory=list)  # (statement, its block)
+    def conforms(self) -> bool:
+        """A wired site holds what the catalog generates: the same arguments, literal ones equal."""
+        value = self.assign.value
+        expected = ast.parse(self.wiring(), mode="eval").body
+        if not isinstance(value, ast.Call) or len(value.args) != len(expected.args):
+            return False
+        if ast.dump(value.func) != ast.dump(expected.func) and not self.module_level:
+            return False
+        if {k.arg for k in value.keywords} != {k.arg for k in expected.keywords}:
+            return False
+        pairs = list(zip(value.args, expected.args))
+        given = {k.arg: k.value for k in value.keywords}
+        pairs += [(given[k.arg], k.value) for k in expected.keywords]
+        for index, (have, want) in enumerate(pairs):
+            strict = _literal(want, self.loop_index) or (self.module_level and index == 0)
+            if strict and ast.dump(have) != ast.dump(want):
+                return False
+        return True
 
 
 @dataclass
@@ -185,10 +168,13 @@ class MemberInfo:
 
 
 @dataclass
-class Stray:
+class Problem:
+    """Canary code no site accounts for: `stray`, `duplicated`, `incomplete`, `unknown` or `ambiguous`."""
+
     node: ast.AST
+    kind: str
     name: str
-    duplicated: bool  # in a method that holds a site with the same placeholder
+    detail: str = ""
 
 
 @dataclass
@@ -199,20 +185,10 @@ class FileAnalysis:
     sites: list[SiteMatch] = field(default_factory=list)
     hooks: list[HookMatch] = field(default_factory=list)
     members: list[MemberInfo] = field(default_factory=list)
-    strays: list[Stray] = field(default_factory=list)
-    roles_expected: set[str] = field(default_factory=set)  # roles with a candidate at this path
+    problems: list[Problem] = field(default_factory=list)
+    roles_expected: set[str] = field(default_factory=set)  # roles with a location hint at this path
+    roles_reported: set[str] = field(default_factory=set)  # roles found but only as a problem (e.g. CI105)
     manager_conflicts: list[tuple[ast.ClassDef, str, str]] = field(default_factory=list)
-
-
-def _walk_blocks(block, loops=(), owner=None):
-    """Yield (block, owner statement, enclosing for-loops) for a block and every block nested in it."""
-    yield block, owner, loops
-    for stmt in block:
-        if isinstance(stmt, _SCOPES):
-            continue
-        inner_loops = loops + (stmt,) if isinstance(stmt, (ast.For, ast.AsyncFor)) else loops
-        for child in child_blocks(stmt):
-            yield from _walk_blocks(child, inner_loops, stmt)
 
 
 def _is_wrapper(stmt: ast.AST, placeholder: str) -> bool:
@@ -225,23 +201,16 @@ def _is_wrapper(stmt: ast.AST, placeholder: str) -> bool:
     )
 
 
-def _item_index(with_stmt: ast.AST, placeholder: str) -> int | None:
-    for index, item in enumerate(with_stmt.items):
-        if isinstance(item.context_expr, ast.Name) and item.context_expr.id == placeholder and item.optional_vars is None:
-            return index
-    return None
+def _item_names(with_stmt: ast.AST) -> list[str]:
+    return [
+        item.context_expr.id for item in with_stmt.items
+        if isinstance(item.context_expr, ast.Name) and item.optional_vars is None
+    ]
 
 
 def _assigned_name(stmt: ast.stmt) -> str | None:
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         return stmt.targets[0].id
-    return None
-
-
-def _loop_index(loops) -> str | None:
-    for loop in reversed(loops):
-        if isinstance(loop.target, ast.Name):
-            return loop.target.id
     return None
 
 
@@ -256,7 +225,7 @@ def _locate_wrap(site: Site, method) -> tuple | None:
     best = None
     # Blocks come parents first; a later block that still holds every target is nested in the
     # previous one, so the last one found is the deepest.
-    for block, owner, loops in _walk_blocks(method.body):
+    for block, owner, loops in walk_blocks(method.body):
         hits = []
         found = set()
         for stmt in block:
@@ -276,7 +245,7 @@ def _contains(ancestor: ast.AST, node: ast.AST) -> bool:
 def _locate_with_item(site: Site, method) -> tuple | None:
     """The innermost `with` statement whose items or body call every one of `site.calls`."""
     best = None
-    for block, owner, loops in _walk_blocks(method.body):
+    for block, owner, loops in walk_blocks(method.body):
         for stmt in block:
             if isinstance(stmt, (ast.With, ast.AsyncWith)) and all(calls_any(stmt, (p,)) for p in site.calls):
                 if best is None or _contains(best[3], stmt):
@@ -284,21 +253,168 @@ def _locate_with_item(site: Site, method) -> tuple | None:
     return best
 
 
+class _Facts:
+    """ClassFacts computed on demand, once per class of the file."""
+
+    def __init__(self) -> None:
+        self._facts: dict[int, ClassFacts] = {}
+
+    def __call__(self, cls: ast.ClassDef) -> ClassFacts:
+        facts = self._facts.get(id(cls))
+        if facts is None:
+            facts = self._facts[id(cls)] = ClassFacts(cls)
+        return facts
+
+
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
+    facts = _Facts()
     classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
+    names = catalog.placeholder_names
 
-    def methods_of(cls, location):
-        for stmt in cls.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and location.matches_method(stmt.name):
-                yield stmt
+    def canary(name: str) -> bool:
+        return name in names or bool(_CANARY_NAME.match(name))
 
-    members: dict[int, MemberInfo] = {}
-    located: set[tuple[str, int]] = set()  # (role, method): overlapping candidates locate a site once
+    found: list[SiteMatch] = []
+    for cls, function in functions_of(tree):
+        found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
+    _drop_duplicates(result, found)
+    result.sites.extend(found)
+    _add_hinted(result, posix, classes, catalog)
+    result.hooks = locate_hooks(tree, catalog, imports, facts)
+    for hook in catalog.hooks:
+        if any(location.matches_path(posix) for location in hook.candidates):
+            result.roles_expected.add(hook.role)
+    _collect_members(result, catalog, lines)
+    return result
+
+
+def _usage(rest: list[ast.stmt], name: str):
+    """How the statements after an assignment use its name: ("with", with) or ("argument", call, statement)."""
+    for stmt in rest:
+        if isinstance(stmt, (ast.With, ast.AsyncWith)) and name in _item_names(stmt):
+            return "with", stmt, stmt
+        for call in iter_calls(stmt, into_functions=True):
+            values = [*call.args, *(k.value for k in call.keywords)]
+            if any(isinstance(v, ast.Name) and v.id == name for v in values):
+                return "argument", call, stmt
+        if _assigned_name(stmt) == name:
+            return "reassigned", stmt, stmt
+    return None
+
+
+def _receiver(call: ast.Call) -> list[str]:
+    """The dotted name of the function a call runs (the wrapped one for `functools.partial(f, ...)`)."""
+    if last_name(call.func) == "partial" and call.args:
+        name = dotted_name(call.args[0])
+    else:
+        name = dotted_name(call.func)
+    return [name] if name is not None else []
+
+
+def _hinted(posix: str, cls, function, catalog: Catalog) -> frozenset[str]:
+    """The roles whose location hints name this file, class and method."""
+    return frozenset(
+        site.role for site in catalog.sites for location in site.candidates
+        if location.matches_path(posix) and cls is not None and location.matches_class(cls.name)
+        and location.matches_method(function.name)
+    )
+
+
+def _discover(result, posix, cls, function, catalog: Catalog, imports: Imports, facts, canary) -> list[SiteMatch]:
+    sites: list[SiteMatch] = []
+    claimed: set[int] = set()
+    aliases = None
+    runner = None
+    for block, _, loops in walk_blocks(function.body):
+        for index, stmt in enumerate(block):
+            name = _assigned_name(stmt)
+            if name is None or not canary(name):
+                continue
+            kind = value_kind(stmt.value, imports, catalog)
+            usage = _usage(block[index + 1:], name)
+            if usage is None or usage[0] == "reassigned":
+                if kind != "other":
+                    problem = "stray" if usage is None else "duplicated"
+                    result.problems.append(Problem(stmt, problem, name, "no `with` or call after it uses it"))
+                continue
+            how, node, holder = usage
+            if aliases is None:
+                aliases = local_aliases(function)
+                runner = function_model_runner(function, catalog.model_runner) if cls is None else None
+            handwired = (
+                parse_site(stmt.value, imports.resolve, catalog.placeholder_factory, catalog.null_contexts)
+                if kind == "handwritten" else None
+            )
+            context = Context(
+                usage=how,
+                calls=tuple(call_names(node) if how == "with" else _receiver(node)),
+                loop_index=loop_index(loops),
+                facts=facts(cls) if cls is not None else None,
+                runner=runner,
+                placeholder=name,
+                handwired=handwired,
+                aliases=aliases,
+                hinted=_hinted(posix, cls, function, catalog),
+            )
+            resolution = resolve(context, catalog)
+            if how == "with":
+                claimed.add(id(node))
+            if resolution.site is None:
+                if kind == "handwritten":
+                    entry = suggest_entry(context, catalog, function.name)
+                    result.problems.append(Problem(stmt, "unknown", name, entry))
+                elif kind != "other":
+                    result.problems.append(Problem(stmt, "stray", name, "outside every catalogued site"))
+                    if how == "with":
+                        result.problems.append(Problem(node, "stray", name, "outside every catalogued site"))
+                continue
+            if resolution.rivals:
+                roles = ", ".join(site.role for site in (resolution.site, *resolution.rivals))
+                result.problems.append(Problem(stmt, "ambiguous", name, roles))
+                continue
+            site = resolution.site
+            manager = scoped_manager(catalog.managers[site.manager], runner if cls is None else None)
+            sites.append(SiteMatch(
+                site=site, location=None, class_node=cls, method=function, block=block, first=holder, last=holder,
+                manager=manager, member=catalog.member, loop_index=context.loop_index,
+                wrapper=node if how == "with" else None, wrapper_block=block, assign=stmt,
+                state=kind, handwired=handwired, usage=how, placeholder=name,
+            ))
+    for block, _, _ in walk_blocks(function.body):
+        for stmt in block:
+            if isinstance(stmt, (ast.With, ast.AsyncWith)) and id(stmt) not in claimed:
+                name = next((n for n in _item_names(stmt) if canary(n)), None)
+                if name is not None:
+                    result.problems.append(Problem(stmt, "incomplete", name, "used but never assigned"))
+    return sites
+
+
+def _drop_duplicates(result: FileAnalysis, found: list[SiteMatch]) -> None:
+    """Two sites of one role in one function: the first is the site, the second a duplicate (CI104)."""
+    keep: dict[tuple[int, str], SiteMatch] = {}
+    for match in sorted(found, key=lambda m: m.assign.lineno):
+        key = (id(match.method), match.site.role)
+        if key in keep:
+            result.problems.append(Problem(match.assign, "duplicated", match.placeholder))
+        else:
+            keep[key] = match
+    found[:] = [m for m in found if keep.get((id(m.method), m.site.role)) is m]
+
+
+def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog) -> None:
+    """Sites the location hints name that hold no placeholder yet (scaffold's work; check's CI101)."""
+    taken = {(id(m.method), m.site.role) for m in result.sites} | {
+        (id(m.method), m.placeholder) for m in result.sites
+    }
+    incomplete = {id(p.node) for p in result.problems if p.kind == "incomplete"}
+    located: set[tuple[str, int]] = set()
     for site in catalog.sites:
+        if site.shape == "argument":
+            continue
         for location in site.candidates:
             if not location.matches_path(posix):
                 continue
@@ -306,38 +422,45 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
             for cls in classes:
                 if not location.matches_class(cls.name):
                     continue
-                for method in methods_of(cls, location):
-                    if (site.role, id(method)) in located:
+                for method in cls.body:
+                    if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         continue
-                    match = _match_site(site, location, cls, method, imports, catalog)
-                    if match is None:
+                    if not location.matches_method(method.name) or (site.role, id(method)) in located:
                         continue
+                    if (id(method), site.role) in taken or (id(method), site.placeholder) in taken:
+                        continue
+                    found = _locate_wrap(site, method) if site.shape == "wrap" else _locate_with_item(site, method)
+                    if found is None:
+                        continue
+                    block, owner, loops, first, last = found
+                    index = loop_index(loops)
+                    if site.loop and index is None:
+                        continue
+                    wrapper = owner if site.shape == "wrap" and owner is not None and _is_wrapper(
+                        owner, site.placeholder) else (first if site.shape == "with_item" and site.placeholder in
+                                                       _item_names(first) else None)
+                    if wrapper is not None and id(wrapper) in incomplete:
+                        result.roles_reported.add(site.role)
+                        continue  # reported as a placeholder used but never assigned (not as not found)
                     located.add((site.role, id(method)))
-                    result.sites.append(match)
-                    manager = catalog.managers[location.manager]
-                    info = members.get(id(cls))
-                    if info is None:
-                        members[id(cls)] = MemberInfo(cls, manager)
-                    elif info.manager.name != manager.name:
-                        result.manager_conflicts.append((cls, info.manager.name, manager.name))
+                    manager = catalog.managers[location.manager or site.manager]
+                    result.sites.append(SiteMatch(
+                        site=site, location=location, class_node=cls, method=method, block=block, first=first,
+                        last=last, manager=manager, member=catalog.member, loop_index=index,
+                        placeholder=site.placeholder,
+                    ))
 
-    for hook in catalog.hooks:
-        parsed = ast.dump(ast.parse(hook.statement).body[0])
-        for location in hook.candidates:
-            if not location.matches_path(posix):
-                continue
-            result.roles_expected.add(hook.role)
-            for cls in classes:
-                if not location.matches_class(cls.name):
-                    continue
-                for method in methods_of(cls, location):
-                    if (hook.role, id(cls)) in located:
-                        continue  # one hook per class: the first candidate method holding the anchor
-                    match = _match_hook(hook, parsed, cls, method)
-                    if match is not None:
-                        located.add((hook.role, id(cls)))
-                        result.hooks.append(match)
 
+def _collect_members(result: FileAnalysis, catalog: Catalog, lines) -> None:
+    members: dict[int, MemberInfo] = {}
+    for match in result.sites:
+        if match.class_node is None:
+            continue
+        info = members.get(id(match.class_node))
+        if info is None:
+            members[id(match.class_node)] = MemberInfo(match.class_node, match.manager)
+        elif info.manager.name != match.manager.name:
+            result.manager_conflicts.append((match.class_node, info.manager.name, match.manager.name))
     for info in members.values():
         for stmt in info.class_node.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == catalog.member:
@@ -346,93 +469,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
                 info.generated = lines is not None and first_line >= 2 and lines[first_line - 2].strip() == MEMBER_MARKER
         result.members.append(info)
 
-    _find_strays(result, catalog)
-    return result
 
+def wired_classes(analysis: FileAnalysis) -> set[int]:
+    return {id(m.class_node) for m in analysis.sites if m.state == "wired" and m.class_node is not None}
 
-def _match_site(site, location, cls, method, imports, catalog) -> SiteMatch | None:
-    found = _locate_wrap(site, method) if site.shape == "wrap" else _locate_with_item(site, method)
-    if found is None:
-        return None
-    block, owner, loops, first, last = found
-    loop_index = _loop_index(loops)
-    if site.loop and loop_index is None:
-        return None
-    match = SiteMatch(site, location, cls, method, block, first, last, loop_index)
-    if site.shape == "wrap":
-        if owner is not None and _is_wrapper(owner, site.placeholder):
-            match.wrapper = owner
-    elif _item_index(first, site.placeholder) is not None:
-        match.wrapper = first
-    if match.wrapper is None:
-        return match
-    match.wrapper_block = _block_of(method, match.wrapper)
-    match.state = "incomplete"
-    if match.wrapper_block is not None:
-        position = next(i for i, stmt in enumerate(match.wrapper_block) if stmt is match.wrapper)
-        for stmt in reversed(match.wrapper_block[:position]):
-            if _assigned_name(stmt) == site.placeholder:
-                match.assign = stmt
-                match.state = value_kind(stmt.value, imports, catalog)
-                break
-    return match
-
-
-def _block_of(method, stmt) -> list[ast.stmt] | None:
-    for block, _, _ in _walk_blocks(method.body):
-        if any(s is stmt for s in block):
-            return block
-    return None
-
-
-def _match_hook(hook, parsed_dump, cls, method) -> HookMatch | None:
-    anchor = None
-    present = []
-    for block, _, _ in _walk_blocks(method.body):
-        for stmt in block:
-            if ast.dump(stmt) == parsed_dump:
-                present.append((stmt, block))
-            elif anchor is None and not child_blocks(stmt) and calls_any(stmt, hook.after_calls):
-                anchor = (stmt, block)
-    if anchor is None:
-        return None
-    return HookMatch(hook, cls, method, anchor[0], anchor[1], present)
-
-
-def _find_strays(result: FileAnalysis, catalog: Catalog) -> None:
-    """Canary-named placeholder assignments and with items that no located site accounts for."""
-    names = catalog.placeholder_names
-    used: set[int] = set()
-    sited: dict[int, set[str]] = {}
-    for match in result.sites:
-        sited.setdefault(id(match.method), set()).add(match.site.placeholder)
-        if match.assign is not None:
-            used.add(id(match.assign))
-        if match.wrapper is not None:
-            used.add(id(match.wrapper))
-
-    def canary(name: str) -> bool:
-        return name in names or bool(_CANARY_NAME.match(name))
-
-    def visit(node, method):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, child)
-                continue
-            name = None
-            if isinstance(child, ast.Assign) and id(child) not in used:
-                name = _assigned_name(child)
-                if name is not None and (not canary(name) or value_kind(child.value, result.imports, catalog) == "other"):
-                    name = None
-            elif isinstance(child, (ast.With, ast.AsyncWith)) and id(child) not in used:
-                name = next(
-                    (item.context_expr.id for item in child.items
-                     if isinstance(item.context_expr, ast.Name) and canary(item.context_expr.id)),
-                    None,
-                )
-            if name is not None:
-                duplicated = method is not None and name in sited.get(id(method), ())
-                result.strays.append(Stray(child, name, duplicated))
-            visit(child, method)
-
-    visit(result.tree, None)

@@ -12,7 +12,7 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.files import SourceError
 from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, NOT_A_NO_OP
-from canary_instrument.rewrite.locate import FileAnalysis, analyse
+from canary_instrument.rewrite.locate import FileAnalysis, _is_wrapper, analyse
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform, split_lines
 
 
@@ -27,18 +27,19 @@ def factory_spelling(parsed: ParsedFile, catalog: Catalog, plan: EditPlan) -> st
 
 
 def report_unusable(parsed: ParsedFile, result: RunResult) -> None:
-    for match in parsed.analysis.sites:
-        if match.state == "incomplete":
+    for problem in parsed.analysis.problems:
+        if problem.kind == "incomplete":
             result.findings.append(parsed.finding(
-                match.anchor, INCOMPLETE_PLACEHOLDER,
-                f"{match.site.role} site: `{match.site.placeholder}` is used but never assigned; "
-                f"add `{match.site.placeholder} = contextlib.nullcontext()` before it",
+                problem.node, INCOMPLETE_PLACEHOLDER,
+                f"`{problem.name}` is used but never assigned; add `{problem.name} = contextlib.nullcontext()` "
+                "before it",
             ))
-        elif match.state == "other":
+    for match in parsed.analysis.sites:
+        if match.state == "other":
             result.findings.append(parsed.finding(
                 match.anchor, INCOMPLETE_PLACEHOLDER,
-                f"{match.site.role} site: `{match.site.placeholder}` holds hand-written code; "
-                "left alone (make it a placeholder to let the tool manage it)",
+                f"{match.site.role} site: `{match.placeholder}` holds code that is neither a placeholder nor "
+                "wiring; left alone (make it a placeholder to let the tool manage it)",
             ))
 
 
@@ -65,17 +66,17 @@ def plan_scaffold(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> Ed
 def strip_placeholders(analysis: FileAnalysis, factory_module: str) -> str:
     """ast.dump of the tree with every placeholder (assignment, wrapper, with item) and factory import removed."""
     for match in analysis.sites:
-        if match.state != "placeholder":
+        if match.state != "placeholder" or match.wrapper is None:
             continue
         block = match.wrapper_block
         block.remove(match.assign)
-        if match.site.shape == "wrap":
+        if _is_wrapper(match.wrapper, match.placeholder):
             position = next(i for i, stmt in enumerate(block) if stmt is match.wrapper)
             block[position : position + 1] = match.wrapper.body
         else:
             match.wrapper.items[:] = [
                 item for item in match.wrapper.items
-                if not (isinstance(item.context_expr, ast.Name) and item.context_expr.id == match.site.placeholder)
+                if not (isinstance(item.context_expr, ast.Name) and item.context_expr.id == match.placeholder)
             ]
     body = analysis.tree.body
     body[:] = [

@@ -1,4 +1,10 @@
-"""apply: turn placeholders into generated wiring (one `canary_ctx` member per class, one line per site, hooks)."""
+"""apply: turn placeholders (and upstream's hand-written wiring) into generated wiring.
+
+One `canary_ctx` member per participating class, one line per site (a direct
+`canary_context(...)` call in a module-level function), the hooks where their shape says,
+and the runtime import in its isort section. Hand-written sites and hooks are migrated in
+place; the upstream imports they alone used are removed.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,12 @@ import builtins
 from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
-from canary_instrument.rewrite.plan import EditPlan, key_of
-from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING
+from canary_instrument.rewrite.findings import AMBIGUOUS_ROLE, MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING, UNKNOWN_HAND_WIRING
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
-from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name, same_code
+from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
+from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.scaffold import report_unusable
+from canary_instrument.rewrite.shapes import parameters, same_code
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
@@ -22,10 +29,10 @@ def indentation(parsed: ParsedFile, node: ast.AST) -> str:
     return parsed.lines[node.lineno - 1][: node.col_offset]
 
 
-def indent_unit(parsed: ParsedFile, cls: ast.ClassDef) -> str:
-    """The file's indentation step, read from a class and its body."""
-    outer = indentation(parsed, cls)
-    inner = indentation(parsed, cls.body[0])
+def indent_unit(parsed: ParsedFile, node: ast.AST) -> str:
+    """The file's indentation step, read from a class or function and its body."""
+    outer = indentation(parsed, node)
+    inner = indentation(parsed, node.body[0])
     return inner[len(outer):] or "    "
 
 
@@ -42,7 +49,7 @@ def render_member(catalog: Catalog, manager: Manager, indent: str, unit: str, li
 
 
 def site_statement(parsed: ParsedFile, match: SiteMatch, unit: str, limit: int) -> str:
-    return fit(f"{match.site.placeholder} = {match.wiring()}", indentation(parsed, match.assign), unit, limit)
+    return fit(f"{match.placeholder} = {match.wiring()}", indentation(parsed, match.assign), unit, limit)
 
 
 def free_runtime_names(text: str) -> set[str]:
@@ -50,15 +57,13 @@ def free_runtime_names(text: str) -> set[str]:
 
 
 def undefined_names(match: SiteMatch) -> list[str]:
-    """Names the site's wiring reads that its method neither receives nor assigns (nor are builtins)."""
+    """Names the site's wiring reads that its function neither receives nor assigns (nor are builtins)."""
     wanted = {n.id for n in ast.walk(ast.parse(match.wiring(), mode="eval")) if isinstance(n, ast.Name)}
-    arguments = match.method.args
-    defined = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
-    defined |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    defined = {a.arg for a in parameters(match.method)}
     for node in ast.walk(match.method):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             defined.add(node.id)
-    return sorted(name for name in wanted - defined if name not in dir(builtins))
+    return sorted(name for name in wanted - defined if name not in dir(builtins) and name not in RUNTIME_EXPORTS)
 
 
 def factory_local(match: SiteMatch) -> str:
@@ -93,38 +98,77 @@ def imports_left_unused(
     ]
 
 
+def imports_of(names, imports: Imports) -> list[tuple[str, str | None, str | None]]:
+    """The import bindings (module, name, alias) of local names, for RemoveImportsVisitor (which keeps used ones)."""
+    found = []
+    for local in sorted(names):
+        target = imports.names.get(local)
+        if target is None:
+            continue
+        module, _, attribute = target.rpartition(".")
+        if local == target.split(".")[0] and "." not in target:
+            found.append((target, None, None))  # import contextlib
+        elif module:
+            found.append((module, attribute, None if local == attribute else local))
+        else:
+            found.append((target, None, local))  # import x as y
+    return found
+
+
+def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
+    """Canary code the transform leaves alone because no role (or more than one) covers it."""
+    for problem in parsed.analysis.problems:
+        if problem.kind == "unknown":
+            result.findings.append(parsed.finding(
+                problem.node, UNKNOWN_HAND_WIRING,
+                f"`{problem.name}` holds hand-written canary wiring no catalog role covers; left alone "
+                f"(add under [tool.canary-instrument]: {problem.detail})",
+            ))
+        elif problem.kind == "ambiguous":
+            result.findings.append(parsed.finding(
+                problem.node, AMBIGUOUS_ROLE,
+                f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
+            ))
+
+
 def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
     plan = EditPlan()
     analysis = parsed.analysis
     report_unusable(parsed, result)
+    report_unhandled(parsed, result)
     limit = line_limit(parsed.source.text)
     names: set[str] = set()
+    migrated_reads: set[str] = set()
     wired_classes = set()
     wired_factory_calls: list[SiteMatch] = []
     for match in analysis.sites:
         if match.state == "missing":
             result.findings.append(parsed.finding(
                 match.first, MISSING_PLACEHOLDER,
-                f"{match.site.role} site in {match.class_node.name}.{match.method.name} has no placeholder; "
-                "run `canary-instrument scaffold` first",
+                f"{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first",
             ))
             continue
-        if match.state not in ("placeholder", "wired"):
+        if match.state not in ("placeholder", "wired", "handwritten"):
             continue
         undefined = undefined_names(match)
         if undefined:
             result.findings.append(parsed.finding(
                 match.anchor, UNDEFINED_IN_WIRING,
                 f"{match.site.role} site: the wiring `{match.wiring()}` uses {', '.join(undefined)}, which "
-                f"{match.class_node.name}.{match.method.name} does not define; left as it is (fix the "
-                "catalog's wiring for this site)",
+                f"{match.where} does not define; left as it is (fix the catalog's wiring for this site)",
             ))
             continue
-        wired_classes.add(id(match.class_node))
-        unit = indent_unit(parsed, match.class_node)
+        if match.module_level:
+            names |= free_runtime_names(match.wiring())
+        else:
+            wired_classes.add(id(match.class_node))
+        owner = match.class_node if match.class_node is not None else match.method
+        unit = indent_unit(parsed, owner)
         if match.state == "placeholder":
             wired_factory_calls.append(match)
-        if match.state == "placeholder" or not same_code(match.assign.value, match.wiring()):
+        elif match.state == "handwritten":
+            migrated_reads |= match.handwired.reads
+        if match.state != "wired" or not match.conforms():
             plan.replace_value[key_of(match.assign, parsed.lines)] = site_statement(parsed, match, unit, limit)
             plan.touched += 1
     for info in analysis.members:
@@ -139,19 +183,55 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
             plan.remove.add(key_of(info.node, parsed.lines))
             plan.append_to_class[key_of(info.class_node, parsed.lines)] = [text]
     for hook in analysis.hooks:
-        names |= free_runtime_names(hook.hook.statement)
-        if hook.present:
+        for present in hook.present:
+            if present.handwritten is not None:
+                scope = present.node
+                text = fit(present.migrated, indentation(parsed, scope), _unit_near(parsed, hook), limit)
+                plan.replace_statement[key_of(present.node, parsed.lines)] = text
+                migrated_reads |= present.handwritten.reads
+                names |= free_runtime_names(present.migrated)
+                plan.touched += 1
+            else:
+                names |= free_runtime_names(ast.unparse(present.node))
+        if hook.present or hook.anchor is None:
             continue
-        unit = indent_unit(parsed, hook.class_node)
-        text = fit(hook.hook.statement, indentation(parsed, hook.anchor), unit, limit)
-        plan.insert_after.setdefault(key_of(hook.anchor, parsed.lines), []).append(text)
+        text = fit(hook.statement, indentation(parsed, hook.anchor), _unit_near(parsed, hook), limit)
+        # Before a statement: above its blank lines and comments, which stay with it (and revert,
+        # removing the hook alone, gives the file back byte for byte).
+        where = plan.insert_after if hook.mode == "after" else plan.insert_above
+        where.setdefault(key_of(hook.anchor, parsed.lines), []).append(text)
+        names |= free_runtime_names(hook.statement)
         plan.touched += 1
     if plan:
-        plan.add_imports.extend((catalog.runtime_module, name) for name in sorted(names))
+        plan.runtime_import = (catalog.runtime_module, tuple(sorted(names)))
+        # A name the runtime import brings that the file imports from elsewhere (upstream's own
+        # `install_canary`) would shadow or be shadowed by it: that import goes.
+        for name in sorted(names):
+            bound = analysis.imports.names.get(name)
+            module, _, attribute = (bound or "").rpartition(".")
+            if bound is not None and module != catalog.runtime_module and attribute == name:
+                plan.drop_imports.append((module, name))
+        plan.own_packages = own_packages(parsed.path)
         plan.remove_imports.extend(imports_left_unused(analysis, wired_factory_calls, catalog.placeholder_factory))
+        plan.remove_imports.extend(imports_of(migrated_reads, analysis.imports))
     return plan
 
 
+def _unit_near(parsed: ParsedFile, hook) -> str:
+    owner = hook.class_node if hook.class_node is not None else hook.method
+    if owner is None:
+        return "    "
+    return indent_unit(parsed, owner)
+
+
+def own_packages(path) -> frozenset[str]:
+    """Top-level names that are this file's own package (isort's first party): the folders it sits in."""
+    from pathlib import Path
+
+    resolved = Path(path).resolve()
+    return frozenset(part for part in resolved.parent.parts if part.isidentifier())
+
+
 def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
-    """Wire every placeholder site, add the generated members, hooks and runtime imports."""
+    """Wire every placeholder site (and migrate hand-written wiring), add the generated members, hooks and imports."""
     return run_transform(paths, catalog, plan_apply, write=write)

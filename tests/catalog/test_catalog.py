@@ -16,20 +16,21 @@ SITES = {
     "extend_prefill": "canary_ctx",
     "extend_decode": "canary_ctx",
     "extend_capture": "canary_ctx",
+    "dummy_run": "canary_run_ctx",
 }
 
 
-def test_bundled_catalog_has_the_seven_sites_and_three_hooks_of_the_sglang_series(tmp_path):
+def test_bundled_catalog_has_the_eight_sites_and_four_hooks_of_the_sglang_series(tmp_path):
     catalog = load_catalog(tmp_path)
     assert {s.role: s.placeholder for s in catalog.sites} == SITES
-    assert [h.role for h in catalog.hooks] == ["install", "init_finished", "draft_init_finished"]
+    assert [h.role for h in catalog.hooks] == ["install", "init_finished", "draft_init_finished", "attach_cache"]
     assert catalog.runtime_module == "canary_instrument.runtime"
     assert catalog.placeholder_factory == "contextlib.nullcontext"
     # Newer trees: the capture roles also have candidates under model_executor/runner/.
     capture = next(s for s in catalog.sites if s.role == "capture")
     assert any(c.matches_path("python/sglang/srt/model_executor/runner/decode_graph_runner.py") for c in capture.candidates)
     # The capture site's class reaches the manager through its model runner, with the draft-worker guard.
-    manager = catalog.managers[capture.candidates[0].manager]
+    manager = catalog.managers[capture.manager]
     assert (manager.expression, manager.guard) == (
         "self.model_runner.canary_manager", "self.model_runner.is_draft_worker",
     )

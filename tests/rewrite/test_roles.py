@@ -72,6 +72,7 @@ def test_forward_site_joins_the_multi_item_with_first_and_leaves_other_nullconte
         ''',
         '''
         import contextlib
+
         from canary_instrument.runtime import canary_context
 
 
@@ -248,6 +249,7 @@ def test_eagle_sites_loop_index_aliased_factory_decorators_and_init_finished_hoo
         ''',
         '''
         from contextlib import nullcontext
+
         from canary_instrument.runtime import canary_context, mark_init_finished
 
 
@@ -295,6 +297,7 @@ def test_eagle_sites_loop_index_aliased_factory_decorators_and_init_finished_hoo
 
 
 def test_install_and_init_finished_hooks_follow_their_anchor_statements(tree):
+    # Init finishes at the end of the function that captures, also when graphs are off.
     tree.write({MR: '''
         import contextlib as cl
 
@@ -316,6 +319,7 @@ def test_install_and_init_finished_hooks_follow_their_anchor_statements(tree):
     assert result.findings == [] and result.errors == []
     assert tree.read(MR) == dedent('''
         import contextlib as cl
+
         from canary_instrument.runtime import canary_context, install_canary, mark_init_finished
 
 
@@ -329,9 +333,9 @@ def test_install_and_init_finished_hooks_follow_their_anchor_statements(tree):
                 self.init_attention_backend()
                 if self.use_graphs:
                     self.init_device_graphs()
-                    mark_init_finished(
-                        self.canary_manager if not self.is_draft_worker else None
-                    )
+                mark_init_finished(
+                    self.canary_manager if not self.is_draft_worker else None
+                )
 
             def forward(self, forward_batch):
                 canary_ctx = self.canary_ctx(forward_batch, outside=[0], active=0)
@@ -568,7 +572,7 @@ def test_apply_keeps_a_contextlib_import_the_file_uses_outside_its_sites(tree):
                 return out
         '''})
     tree.run("apply")
-    assert tree.read(CG).startswith("import contextlib\nfrom canary_instrument.runtime import canary_context\n")
+    assert tree.read(CG).startswith("import contextlib\n\nfrom canary_instrument.runtime import canary_context\n")
 
 
 def test_revert_spells_the_placeholder_as_scaffold_once_apply_removed_the_file_s_own_factory_import(tree):

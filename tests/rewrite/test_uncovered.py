@@ -160,7 +160,9 @@ def test_a_callable_handed_to_code_inside_a_bracket_is_covered(tree):
                     self.backend.capture_one(run_once)
     """})
     result = tree.run("check")
-    assert [f.code for f in result.findings] == ["CI103", "CI103"]  # the uncatalogued bracket, not CI301
+    # The bracket is a capture site by its shape (it guards `capture_one`, its class reaches
+    # `self.model_runner`), so the forward handed to it is covered: no CI301, and no stray.
+    assert [f.code for f in result.findings] == []
 
 
 def test_module_level_code_is_an_entry_point(tree):

@@ -62,9 +62,6 @@ class Scheduler:
             swa_window=self.sliding_window if self.is_swa else None,
             disable=server_args.disable_radix_cache,
         )
-        # The KV canary's idle-cache sweep and cache perturbation read the prefix cache (as sglang's scheduler does).
-        if (canary := getattr(model_runner, "canary_manager", None)) is not None:
-            canary.attach_radix_cache(self.tree_cache)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None

@@ -1,0 +1,420 @@
+"""Find where each hook goes (after the KV pool exists, after graph capture, after the prefix cache exists) by shape,
+and recognise hooks already there: generated ones and upstream's hand-written ones.
+
+Placement rules (docs/cli.md, "Hooks"):
+
+- `after_assign`: after the statement that completes one of the hook's `assigns` in its scope
+  (an attribute the scope builds itself, not one handed to it as a parameter), extended over
+  the plain attribute assignments that follow it; or after a call of one of `after_calls` (a
+  builder defined elsewhere, e.g. in a mixin). When the building method is called from another
+  method of the class, the hook goes after that call instead (one level up, so it follows the
+  init chain). When the method then ends by handing over to another method of its class (a
+  post-pool wiring method), the hook goes at the start of that method.
+- `after_capture`: at the end of the function that captures the most graph kinds (calls of
+  `after_calls`), skipping functions that only hand the model runner to capture code elsewhere
+  (that code is found in its own file); before a final `return`. When that function ends by
+  handing the model runner to a function of its own file (a post-capture finaliser), at the
+  end of that function.
+
+Standard-library `ast` only.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from canary_instrument.catalog import Catalog, Hook, call_matches
+from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
+from canary_instrument.rewrite.shapes import (
+    FUNCTIONS,
+    SCOPES,
+    ClassFacts,
+    Imports,
+    dotted_name,
+    first_statement,
+    function_model_runner,
+    iter_calls,
+    parameters,
+    top_statement,
+    walk_blocks,
+)
+
+
+@dataclass
+class PresentHook:
+    node: ast.stmt
+    block: list[ast.stmt]
+    handwritten: HandHook | None = None  # None: generated
+    migrated: str = ""  # hand-written: the generated statement apply puts in its place
+
+
+@dataclass
+class HookMatch:
+    """A hook role in one file: where it goes (if a place is found) and the statements of it already there."""
+
+    hook: Hook
+    class_node: ast.ClassDef | None = None
+    method: ast.FunctionDef | None = None
+    anchor: ast.stmt | None = None
+    mode: str = "after"  # insert "after" or "before" the anchor
+    statement: str = ""  # the hook statement spelled for its scope
+    present: list[PresentHook] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        if self.method is None:
+            return "?"
+        return f"{self.class_node.name}.{self.method.name}" if self.class_node is not None else self.method.name
+
+
+@dataclass
+class _Scope:
+    class_node: ast.ClassDef | None
+    runner: str  # the model runner as the scope spells it (`self`, a parameter, `self.tp_worker.model_runner`)
+    functions: list
+
+
+def expand(hook: Hook, runner: str, value: str = "") -> str:
+    return hook.statement.replace("{model_runner}", runner).replace("{value}", value)
+
+
+def _callee(hook: Hook) -> str | None:
+    node = ast.parse(expand(hook, "self", "self.value")).body[0]
+    value = node.value
+    return last_name(value.func) if isinstance(value, ast.Call) else None
+
+
+def _scopes(hook: Hook, tree: ast.Module, facts, catalog: Catalog) -> list[_Scope]:
+    shape = catalog.model_runner
+    scopes = []
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        info = facts(cls)
+        methods = list(info.methods.values())
+        if hook.scope == "model_runner" and info.is_model_runner(shape):
+            scopes.append(_Scope(cls, "self", methods))
+        elif hook.scope == "holder" and not info.is_model_runner(shape):
+            held = info.held_model_runner(shape)
+            if held is not None:
+                scopes.append(_Scope(cls, held, methods))
+        elif hook.scope == "manager" and info.reaches(catalog.managers[hook.manager].owner):
+            scopes.append(_Scope(cls, "self", methods))
+    if hook.scope == "model_runner":
+        module = {}
+        for node in tree.body:
+            if isinstance(node, FUNCTIONS) and (runner := function_model_runner(node, shape)) is not None:
+                module.setdefault(runner, []).append(node)
+        scopes.extend(_Scope(None, runner, functions) for runner, functions in module.items())
+    return scopes
+
+
+def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in tree.body if isinstance(node, FUNCTIONS)}
+
+
+def _passes(call: ast.Call, runner: str) -> bool:
+    values = [*call.args, *(k.value for k in call.keywords)]
+    return any(dotted_name(value) == runner for value in values)
+
+
+def _own_callee(call: ast.Call, scope: _Scope, module: dict):
+    """The function of this file a call runs: `self.m()` in a class, `g()` at module level."""
+    name = dotted_name(call.func)
+    if name is None:
+        return None
+    if scope.class_node is not None and name.startswith("self.") and name.count(".") == 1:
+        return next((f for f in scope.functions if f.name == name[5:]), None)
+    if "." not in name:
+        return module.get(name)
+    return None
+
+
+def _calls_in(function):
+    for stmt in function.body:
+        yield from iter_calls(stmt)
+
+
+def _capture_calls(function, hook: Hook) -> list[ast.Call]:
+    return [
+        call for call in _calls_in(function)
+        if (name := dotted_name(call.func)) is not None and any(call_matches(name, p) for p in hook.after_calls)
+    ]
+
+
+def _early_return(function) -> bool:
+    last = function.body[-1]
+    stack = list(function.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, SCOPES):
+            continue
+        if isinstance(node, ast.Return) and node is not last:
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _end_of(function, hook: Hook) -> tuple[ast.stmt, str]:
+    """Where "at the end" of a function is: before its final return, else after its last statement.
+
+    A function that can return early gets the hook right after its last statement that
+    captures instead, so that no path skips it.
+    """
+    if _early_return(function):
+        captures = _capture_calls(function, hook)
+        tops = [top_statement(function, call) for call in captures]
+        if tops:
+            return max(tops, key=lambda stmt: stmt.lineno), "after"
+    last = function.body[-1]
+    if isinstance(last, ast.Return) and len(function.body) > 1:
+        return last, "before"
+    return last, "after"
+
+
+def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
+    """The function of this file that `stmt` hands the model runner to (`finalize(model_runner)`,
+    possibly under an `if`), else None."""
+    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
+        stmt = stmt.body[0]
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return None
+    call = stmt.value
+    name = dotted_name(call.func)
+    if name is None or "." in name or name not in module or not _passes(call, scope.runner):
+        return None
+    return module[name]
+
+
+def _place_after_capture(hook: Hook, scope: _Scope, module: dict):
+    captures = {id(f): _capture_calls(f, hook) for f in scope.functions}
+    memo: dict[int, bool] = {}
+
+    def delegated(function, seen=()) -> bool:
+        if id(function) in memo:
+            return memo[id(function)]
+        if id(function) in seen:
+            return False
+        result = True
+        for call in captures.get(id(function)) or _capture_calls(function, hook):
+            own = _own_callee(call, scope, module)
+            if own is not None:
+                if not (_capture_calls(own, hook) and delegated(own, (*seen, id(function)))):
+                    result = False
+            elif not _passes(call, scope.runner):
+                result = False
+        memo[id(function)] = result
+        return result
+
+    candidates = [f for f in scope.functions if captures[id(f)] and not delegated(f)]
+    if not candidates:
+        return None
+    called = {
+        id(own) for f in candidates for call in captures[id(f)]
+        if (own := _own_callee(call, scope, module)) is not None
+    }
+
+    def kinds(function):
+        return len({dotted_name(call.func).rpartition(".")[2] for call in captures[id(function)]})
+
+    best = max(candidates, key=lambda f: (kinds(f), id(f) not in called, -f.lineno))
+    anchor, mode = _end_of(best, hook)
+    before = anchor if mode == "after" else _previous(best, anchor)
+    target = _handed_over_to(before, scope, module) if before is not None else None
+    if target is not None:
+        anchor, mode = _end_of(target, hook)
+        return target, anchor, mode
+    return best, anchor, mode
+
+
+def _previous(function, stmt):
+    index = next(i for i, s in enumerate(function.body) if s is stmt)
+    return function.body[index - 1] if index else None
+
+
+def _builds(node: ast.AST, function, scope: _Scope, hook: Hook) -> str | None:
+    """The target text when `node` assigns one of the hook's attributes a value the scope builds, else None."""
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+        return None
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    flat = []
+    for target in targets:
+        flat.extend(target.elts if isinstance(target, ast.Tuple) else [target])
+    names = [dotted_name(t) for t in flat if isinstance(t, ast.Attribute)]
+    owner = "self" if scope.class_node is not None else scope.runner
+    wanted = [n for n in names if n is not None and n.rpartition(".")[0] == owner
+              and n.rpartition(".")[2] in hook.assigns]
+    if not wanted:
+        return None
+    value = node.value
+    if isinstance(value, ast.Constant):
+        return None
+    root = value
+    while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+        root = root.func if isinstance(root, ast.Call) else root.value
+    handed = {a.arg for a in parameters(function)} - {"self", scope.runner}
+    if isinstance(root, ast.Name) and root.id in handed:
+        return None  # an attribute handed to this scope, not built by it
+    return wanted[0]
+
+
+def _plain_assignment(stmt: ast.stmt) -> bool:
+    """An attribute assignment without calls, or an `if` holding only those: what follows the pool and belongs to it."""
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        if stmt.value is None or any(True for _ in iter_calls(stmt.value)):
+            return False
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return all(isinstance(t, ast.Attribute) for t in targets)
+    if isinstance(stmt, ast.If):
+        return all(_plain_assignment(s) for s in (*stmt.body, *stmt.orelse))
+    return False
+
+
+def _place_after_assign(hook: Hook, scope: _Scope, module: dict):
+    found = []  # (function, top statement, built value or None)
+    for function in scope.functions:
+        for block, _, _ in walk_blocks(function.body):
+            for stmt in block:
+                value = _builds(stmt, function, scope, hook)
+                if value is not None:
+                    found.append((function, top_statement(function, stmt), value))
+                elif not any(True for _ in ast.iter_child_nodes(stmt) if isinstance(_, ast.stmt)) and any(
+                    call_matches(name, p) for call in iter_calls(stmt)
+                    if (name := dotted_name(call.func)) is not None for p in hook.after_calls
+                ):
+                    found.append((function, top_statement(function, stmt), None))
+    if not found:
+        return None
+    function, anchor, value = min(found, key=lambda item: item[1].lineno)
+    if value is not None:
+        caller = _caller(function, scope, module)
+        if caller is not None:
+            function, anchor = caller
+        else:
+            body = function.body
+            index = next(i for i, s in enumerate(body) if s is anchor)
+            while index + 1 < len(body) and _plain_assignment(body[index + 1]):
+                index += 1
+            anchor = body[index]
+    body = function.body
+    index = next(i for i, s in enumerate(body) if s is anchor)
+    if index + 2 == len(body):
+        follow = body[-1]
+        if isinstance(follow, ast.Expr) and isinstance(follow.value, ast.Call) and not follow.value.args \
+                and not follow.value.keywords:
+            target = _own_callee(follow.value, scope, module)
+            if target is not None and target is not function:
+                return target, first_statement(target), "before", value
+    return function, anchor, "after", value
+
+
+def _caller(function, scope: _Scope, module: dict):
+    """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
+    for other in scope.functions:
+        if other is function:
+            continue
+        for call in _calls_in(other):
+            if _own_callee(call, scope, module) is function:
+                return other, top_statement(other, call)
+    return None
+
+
+def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> dict[str, list[PresentHook]]:
+    """Every hook statement already in the file, by role: generated ones and hand-written ones."""
+    by_callee: dict[str, list[Hook]] = {}
+    for hook in catalog.hooks:
+        callee = _callee(hook)
+        if callee is not None:
+            by_callee.setdefault(callee, []).append(hook)
+    present: dict[str, list[PresentHook]] = {}
+    manager_hooks = [h for h in catalog.hooks if h.scope == "manager"]
+    for cls, function in _all_functions(tree):
+        for block, _, _ in walk_blocks(function.body):
+            for stmt in block:
+                call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+                if isinstance(call, ast.Call) and (name := dotted_name(call.func)) is not None:
+                    callee = name.rpartition(".")[2]
+                    resolved = imports.resolve(name)
+                    # The runtime's function, or its bare name with no import yet (a hook pasted by hand).
+                    ours = resolved == f"{catalog.runtime_module}.{callee}" or resolved == name == callee
+                    if ours and callee in by_callee:
+                        role = _generated_role(stmt, by_callee[callee], cls, facts, catalog)
+                        present.setdefault(role, []).append(PresentHook(stmt, block))
+                        continue
+                hand = parse_hook(stmt)
+                if hand is not None:
+                    role = _hand_role(hand, catalog, manager_hooks)
+                    if role is not None:
+                        hook = next(h for h in catalog.hooks if h.role == role)
+                        migrated = expand(hook, hand.manager.rpartition(".")[0], hand.argument or "")
+                        present.setdefault(role, []).append(PresentHook(stmt, block, hand, migrated))
+    return present
+
+
+def _all_functions(tree: ast.Module):
+    for node in tree.body:
+        if isinstance(node, FUNCTIONS):
+            yield None, node
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, FUNCTIONS):
+                    yield node, stmt
+
+
+_KINDS = {"install_canary": "install", "mark_init_finished": "init_finished", "attach_radix_cache": "attach_cache"}
+
+
+def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks) -> str | None:
+    """The role of a hand-written hook: by what it calls, and for init-finished by whose manager it marks."""
+    if hand.kind == "init_finished":
+        for hook in manager_hooks:
+            if catalog.managers[hook.manager].expression == hand.manager:
+                return hook.role
+    for hook in catalog.hooks:
+        if _KINDS.get(_callee(hook)) == hand.kind and hook not in manager_hooks:
+            return hook.role
+    return None
+
+
+def _generated_role(stmt, hooks, cls, facts, catalog: Catalog) -> str:
+    """The role of a generated hook statement: the only hook calling its callee, else the one it spells."""
+    if len(hooks) == 1:
+        return hooks[0].role
+    text = ast.unparse(stmt)
+    for hook in hooks:
+        if hook.scope == "manager" and catalog.managers[hook.manager].expression in text:
+            return hook.role
+    return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
+
+
+def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> list[HookMatch]:
+    """One HookMatch per hook role that has a place or a statement in this file."""
+    present = recognise(tree, catalog, imports, facts)
+    module = _module_functions(tree)
+    matches = []
+    for hook in catalog.hooks:
+        match = HookMatch(hook, present=present.get(hook.role, []))
+        placed = []
+        for scope in _scopes(hook, tree, facts, catalog):
+            if hook.place == "after_capture":
+                found = _place_after_capture(hook, scope, module)
+                if found is not None:
+                    function, anchor, mode = found
+                    placed.append((scope, function, anchor, mode, ""))
+            else:
+                found = _place_after_assign(hook, scope, module)
+                if found is not None:
+                    function, anchor, mode, value = found
+                    placed.append((scope, function, anchor, mode, value or ""))
+        if placed:
+            # One place per role and file: the scope whose place comes first in the file.
+            scope, function, anchor, mode, value = min(placed, key=lambda item: item[2].lineno)
+            owner = scope.class_node if any(f is function for f in scope.functions) else None
+            match.class_node, match.method, match.anchor, match.mode = owner, function, anchor, mode
+            match.statement = expand(hook, scope.runner, value)
+        if match.anchor is not None or match.present:
+            matches.append(match)
+    return matches
+
+
+__all__ = ["ClassFacts", "HookMatch", "PresentHook", "locate_hooks"]

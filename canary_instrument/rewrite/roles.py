@@ -1,0 +1,167 @@
+"""Give a found site its catalog role from the shape around it, never from class or method names.
+
+A role admits a site when the site is used the way the role is (a `with` block or an argument
+to a call), the guarded code makes one of the role's required calls, the role's loop and class
+conditions hold, the site's class (or function) can reach the role's manager, and hand-written
+wiring carries the role's arguments on that manager. Among the roles that admit it, the most
+specific wins: more of the role's calls matched, a loop role in a loop, a class condition met,
+the role's own placeholder name, matching hand-written arguments. A tie between roles that
+would wire differently is an ambiguity (reported, never guessed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from canary_instrument.catalog import Catalog, Manager, Site
+from canary_instrument.rewrite.handwritten import HandWired
+from canary_instrument.rewrite.shapes import ClassFacts, expand_alias, matched_patterns
+
+
+@dataclass(frozen=True)
+class Context:
+    """What is known about one found site, for role resolution."""
+
+    usage: str  # "with" | "argument"
+    calls: tuple[str, ...]  # dotted names of the calls the guarded code (or receiving call) makes
+    loop_index: str | None
+    facts: ClassFacts | None  # the site's class; None in a module-level function
+    runner: str | None  # module-level function: how it reaches a model runner
+    placeholder: str
+    handwired: HandWired | None
+    aliases: dict
+    hinted: frozenset[str] = frozenset()  # roles whose location hints name this file, class and method
+
+
+def scoped_manager(manager: Manager, runner: str | None) -> Manager | None:
+    """The manager as a module-level function spells it: its owner replaced by the function's model runner."""
+    if runner is None:
+        return manager
+    owner = manager.owner
+
+    def swap(text):
+        if text is None:
+            return None
+        if owner == "self":
+            return runner + text[len("self"):] if text.startswith("self.") or text == "self" else text
+        return runner + text[len(owner):] if text == owner or text.startswith(owner + ".") else text
+
+    return Manager(manager.name, swap(manager.expression), swap(manager.guard))
+
+
+def _owner_reachable(manager: Manager, context: Context, catalog: Catalog) -> bool:
+    if context.facts is not None:
+        return context.facts.reaches(manager.owner)
+    if context.runner is None:
+        return False
+    last = manager.owner.rpartition(".")[2]
+    return manager.owner == "self" or any(fnmatchcase(last, p) for p in catalog.model_runner.names)
+
+
+def _hand_owner_matches(manager: Manager, context: Context) -> bool:
+    wired = context.handwired
+    if wired is None:
+        return True
+    have = expand_alias(wired.manager, context.aliases).rpartition(".")[0]
+    if context.facts is not None:
+        return have == manager.owner
+    return have == expand_alias(context.runner or "", context.aliases)
+
+
+def score(site: Site, context: Context, catalog: Catalog) -> int | None:
+    """How specifically `site` describes the found site, or None when the role does not admit it."""
+    if (site.shape == "argument") != (context.usage == "argument"):
+        return None
+    if not matched_patterns(context.calls, site.required):
+        return None
+    if site.loop and context.loop_index is None:
+        return None
+    hinted = site.role in context.hinted
+    if site.class_refs and not hinted and (context.facts is None or not context.facts.refers_to(site.class_refs)):
+        return None
+    manager = catalog.managers[site.manager]
+    # A location hint vouches for the manager of a class that does not spell its owner out.
+    reachable = hinted or _owner_reachable(manager, context, catalog)
+    if not reachable or not _hand_owner_matches(manager, context):
+        return None
+    wired = context.handwired
+    if wired is not None and site.evidence and set(site.evidence) != wired.evidence:
+        return None
+    points = 2 * len(matched_patterns(context.calls, site.calls))
+    if site.loop:
+        points += 3
+    if site.class_refs:
+        points += 3
+    if site.placeholder == context.placeholder:
+        points += 1
+    if site.role in context.hinted:
+        points += 1
+    if wired is not None and site.evidence:
+        points += 2
+    return points
+
+
+@dataclass(frozen=True)
+class Resolution:
+    site: Site | None
+    rivals: tuple[Site, ...] = ()  # equally specific roles that would wire differently
+
+
+def resolve(context: Context, catalog: Catalog) -> Resolution:
+    scored = [(points, site) for site in catalog.sites if (points := score(site, context, catalog)) is not None]
+    if not scored:
+        return Resolution(None)
+    best = max(points for points, _ in scored)
+    winners = [site for points, site in scored if points == best]
+    first = winners[0]
+    rivals = tuple(
+        site for site in winners[1:] if (site.wiring, site.manager) != (first.wiring, first.manager)
+    )
+    return Resolution(first, rivals)
+
+
+def suggest_entry(context: Context, catalog: Catalog, function_name: str) -> str:
+    """A one-line `[tool.canary-instrument]` catalog entry that covers a hand-written site no role admits."""
+    wired = context.handwired
+    role = function_name.strip("_") or "site"
+    calls = sorted({name.rpartition(".")[2] for name in context.calls if not name.endswith("()")})[:3] or ["?"]
+    manager = "?"
+    if wired is not None:
+        owner = expand_alias(wired.manager, context.aliases).rpartition(".")[0]
+        for name, candidate in catalog.managers.items():
+            mine = scoped_manager(candidate, context.runner)
+            if (context.facts is not None and candidate.owner == owner) or (
+                context.facts is None and mine.owner == expand_alias(context.runner or "", context.aliases)
+            ):
+                manager = name
+                break
+    arguments = []
+    evidence = []
+    loop = False
+    if wired is not None:
+        if wired.forward_batch:
+            arguments.append(wired.forward_batch)
+        if wired.outside:
+            arguments.append(f"outside={wired.outside}")
+            evidence.append("outside")
+        if wired.active:
+            active = wired.active
+            if context.loop_index is not None and active == context.loop_index:
+                active, loop = "{loop_index}", True
+            arguments.append(f"active={active}")
+            evidence.append("active")
+    fields = [
+        ("role", role),
+        ("placeholder", context.placeholder),
+        ("shape", "argument" if context.usage == "argument" else "wrap"),
+        ("calls", calls),
+        ("manager", manager),
+        ("evidence", evidence),
+        ("wiring", f"self.{catalog.member}({', '.join(arguments)})"),
+    ]
+    if loop:
+        fields.append(("loop", True))
+    body = ", ".join(f"{key} = {json.dumps(value)}" for key, value in fields)
+    return f"sites = [{{ {body} }}]"

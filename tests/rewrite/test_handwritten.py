@@ -1,0 +1,301 @@
+"""Before/after cases for the shapes real sglang trees use: hand-written wiring (CI106) and its migration,
+sites passed as an argument, module-level functions that receive the model runner, hooks found by shape,
+the runtime import in its isort section, and hand-wired constructs no role covers (CI107)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rewrite_trees import dedent
+
+MR = "pkg/srt/model_executor/model_runner.py"
+GR = "pkg/srt/model_executor/runner/decode_graph_runner.py"
+SETUP = "pkg/srt/model_executor/model_runner_components/cuda_graph_setup.py"
+TUNE = "pkg/srt/model_executor/runner/autotune.py"
+
+
+def codes(result):
+    """Finding codes about the sites and hooks of the file at hand. CI102 (a role of another file of the
+    layout not found) and CI301 (forward paths) are tree-level: these trees hold one file of a layout."""
+    return sorted(f.code for f in result.findings if f.code not in ("CI102", "CI301"))
+
+
+def flat(text):
+    """Code with its line breaks and indentation folded, for generated lines the line limit may wrap."""
+    return " ".join(text.replace("(\n", "(").replace("\n)", ")").split()).replace("( ", "(").replace(" )", ")")
+
+
+@pytest.mark.parametrize("test", [
+    "not self.is_draft_worker and ((c := self.canary_manager) is not None)",
+    "(c := self.canary_manager) is not None and not self.is_draft_worker",
+    "((c := self.canary_manager) is not None) and (not self.is_draft_worker)",
+])
+def test_hand_written_forward_site_in_either_guard_order_is_ci106_and_migrates_to_the_member(tree, test):
+    tree.write({MR: f'''
+        import contextlib
+
+        from sglang.srt.kv_canary.runner.canary_manager import context_tuple
+
+
+        class ModelRunner:
+            def forward(self, forward_batch):
+                canary_ctx = (
+                    context_tuple(
+                        c.with_ops_outside_graph(
+                            single_forward_indices=[0],
+                            maybe_inaccurate_forward_batch=forward_batch,
+                        ),
+                        c.with_active_single_forward_manager(0),
+                    )
+                    if {test}
+                    else contextlib.nullcontext()
+                )
+                with canary_ctx:
+                    return self._forward_raw(forward_batch)
+        '''})
+    assert codes(tree.run("check")) == ["CI106"]
+    tree.run("apply")
+    # The null context was the only use of `import contextlib`, upstream's `context_tuple` import goes too.
+    assert flat(tree.read(MR)) == flat(dedent('''
+        from canary_instrument.runtime import canary_context
+
+
+        class ModelRunner:
+            def forward(self, forward_batch):
+                canary_ctx = self.canary_ctx(forward_batch, outside=[0], active=0)
+                with canary_ctx:
+                    return self._forward_raw(forward_batch)
+
+            # canary-instrument: generated; `canary-instrument revert` removes it
+            def canary_ctx(self, forward_batch=None, *, outside=None, active=None):
+                manager = None if self.is_draft_worker else self.canary_manager
+                return canary_context(manager, forward_batch, outside=outside, active=active)
+        '''))
+    assert codes(tree.run("check")) == []
+    tree.run("revert")  # the clean placeholder state, upstream's context_tuple import gone
+    assert tree.read(MR) == dedent('''
+        import contextlib
+
+
+        class ModelRunner:
+            def forward(self, forward_batch):
+                canary_ctx = contextlib.nullcontext()
+                with canary_ctx:
+                    return self._forward_raw(forward_batch)
+        ''')
+
+
+def test_capture_site_gets_the_draft_worker_guard_upstream_left_out(tree):
+    tree.write({GR: '''
+        import contextlib
+
+
+        class DecodeCudaGraphRunner:
+            def __init__(self, model_runner):
+                self.model_runner = model_runner
+
+            def capture_one_shape(self, bs, forward):
+                canary_ctx = (
+                    c.with_active_single_forward_manager(0)
+                    if (c := self.model_runner.canary_manager) is not None
+                    else contextlib.nullcontext()
+                )
+                with canary_ctx:
+                    for _ in range(2):
+                        run_once()
+                    self._capture_graph(bs, forward)
+        '''})
+    result = tree.run("apply")
+    [change] = result.changes
+    assert "+        canary_ctx = self.canary_ctx(active=0)\n" in change.diff()
+    assert "manager = (None if self.model_runner.is_draft_worker else self.model_runner.canary_manager)" in flat(
+        tree.read(GR))
+
+
+def test_a_placeholder_passed_as_run_ctx_is_a_dummy_run_site(tree):
+    tree.write({GR: '''
+        import contextlib
+
+
+        class BaseRunner:
+            def __init__(self, model_runner):
+                self.model_runner = model_runner
+
+            def _flashinfer_autotune(self):
+                mr = self.model_runner
+                canary_run_ctx = contextlib.nullcontext()
+
+                def forward_fn():
+                    self._dummy_run(batch_size=1, run_ctx=canary_run_ctx)
+
+                autotune(forward_fn)
+        '''})
+    assert codes(tree.run("check")) == []
+    tree.run("apply")
+    text = tree.read(GR)
+    assert "        canary_run_ctx = self.canary_ctx(active=0)\n" in text
+    assert "def canary_ctx(self, forward_batch=None" in text
+    tree.run("revert")
+    assert "canary_run_ctx = contextlib.nullcontext()" in tree.read(GR)
+
+
+def test_a_site_in_a_module_level_function_calls_canary_context_through_its_model_runner(tree):
+    tree.write({TUNE: '''
+        import functools
+
+        from sglang.srt.utils import empty_context, log_info_on_rank0
+
+
+        def maybe_autotune_extend(runner):
+            mr = runner.model_runner
+            canary_run_ctx = (
+                c.with_active_single_forward_manager(0)
+                if (c := mr.canary_manager) is not None
+                else empty_context()
+            )
+            forward_fn = functools.partial(runner._dummy_run, run_ctx=canary_run_ctx)
+            log_info_on_rank0("autotune")
+            return forward_fn()
+        '''})
+    assert codes(tree.run("check")) == ["CI106"]
+    tree.run("apply")
+    text = tree.read(TUNE)
+    assert text.startswith(dedent('''
+        import functools
+
+        from canary_instrument.runtime import canary_context
+        from sglang.srt.utils import log_info_on_rank0
+        '''))
+    # No member in a function: a direct call, the manager and the guard spelled through `mr`.
+    assert "canary_run_ctx = canary_context(None if mr.is_draft_worker else mr.canary_manager, active=0)" in flat(text)
+    assert codes(tree.run("check")) == []
+
+
+def test_init_finished_goes_at_the_end_of_a_module_level_capture_function_taking_the_model_runner(tree):
+    source = '''
+        from sglang.srt.configs import ModelImpl
+
+
+        def capture_cuda_graphs(model_runner):
+            decode = model_runner.init_decode_cuda_graph()
+            prefill = model_runner.init_prefill_cuda_graph()
+        {hook}
+            return decode, prefill
+        '''
+    tree.write({SETUP: source.format(hook="""
+            if model_runner.canary_manager is not None and not model_runner.is_draft_worker:
+                model_runner.canary_manager.mark_init_finished()
+        """)})
+    assert codes(tree.run("check")) == ["CI106"]
+    tree.run("apply")
+    text = tree.read(SETUP)
+    assert text.startswith("from canary_instrument.runtime import mark_init_finished\nfrom sglang.srt.configs import")
+    assert flat(text).endswith(
+        "prefill = model_runner.init_prefill_cuda_graph() "
+        "mark_init_finished(model_runner.canary_manager if not model_runner.is_draft_worker else None) "
+        "return decode, prefill"
+    )
+    tree.run("revert")
+    assert "mark_init_finished" not in tree.read(SETUP)
+
+
+def test_install_goes_right_after_the_pool_exists_and_an_upstream_install_import_is_replaced(tree):
+    tree.write({MR: '''
+        import logging
+
+        import torch
+
+        from sglang.srt.kv_canary.api import install_canary
+
+
+        class ModelRunner:
+            def initialize(self):
+                self.load_model()
+                self.init_device_graphs()
+
+            def alloc_memory_pool(self):  # called by the engine between load_model and graph capture
+                self.token_to_kv_pool = make_pool()
+                self.max_total_num_tokens = 8
+                self._init_post_memory_pool_components()
+
+            def _init_post_memory_pool_components(self):
+                self.init_kv_index_translator()
+
+                # After the pool exists, before graph capture.
+                self.canary_manager = install_canary(
+                    server_args=self.server_args,
+                    model_runner=self,
+                    token_oracle_manager=self._token_oracle_manager,
+                )
+
+                self.init_ngram_embedding_manager()
+
+            def forward(self, forward_batch):
+                return self._forward_raw(forward_batch)
+        '''})
+    assert codes(tree.run("check")) == ["CI106"]
+    tree.run("apply")
+    text = tree.read(MR)
+    # One import of install_canary, the runtime's, in the third-party block beside torch.
+    assert "import torch\nfrom canary_instrument.runtime import install_canary, mark_init_finished\n" in text
+    assert "sglang.srt.kv_canary" not in text
+    assert "self.canary_manager = install_canary(server_args=self.server_args, model_runner=self)" in flat(text)
+    tree.run("revert")
+    text = tree.read(MR)
+    assert "install_canary" not in text and "mark_init_finished" not in text
+    # On the placeholder state the install hook goes where upstream had it: the pool's method hands
+    # over to a post-pool method, whose start is right after the pool exists.
+    tree.run("apply")
+    text = flat(tree.read(MR))
+    assert "def _init_post_memory_pool_components(self): self.canary_manager = install_canary(" in text
+
+
+def test_attach_cache_hook_goes_after_the_schedulers_tree_cache(tree):
+    tree.write({"pkg/srt/managers/scheduler.py": '''
+        import logging
+
+
+        class Scheduler:
+            def __init__(self, tp_worker):
+                self.tp_worker = tp_worker
+                self.model_runner_config = self.tp_worker.model_runner.model_config
+                self.init_cache()
+                self.init_metrics()
+
+            def init_cache(self):
+                self.tree_cache = RadixCache(self.tp_worker.model_runner.token_to_kv_pool_allocator)
+        '''})
+    tree.run("apply")
+    text = tree.read("pkg/srt/managers/scheduler.py")
+    assert "        self.init_cache()\n        attach_radix_cache(self.tp_worker.model_runner.canary_manager, self.tree_cache)\n" in text
+    assert "import logging\n\nfrom canary_instrument.runtime import attach_radix_cache\n" in text
+
+
+def test_unknown_hand_wiring_is_ci107_with_a_catalog_entry_that_covers_it(tree, tmp_path):
+    source = '''
+        import contextlib
+
+
+        class PrefillRunner:
+            def __init__(self, model_runner):
+                self.model_runner = model_runner
+
+            def warm(self):
+                canary_run_ctx = (
+                    c.with_active_single_forward_manager(0)
+                    if (c := self.model_runner.canary_manager) is not None
+                    else contextlib.nullcontext()
+                )
+                self.precompile_kernels(run_ctx=canary_run_ctx)
+        '''
+    tree.write({GR: source})
+    result = tree.run("check")
+    assert codes(result) == ["CI107"]
+    [finding] = [f for f in result.findings if f.code == "CI107"]
+    entry = finding.message.split("[tool.canary-instrument]: ", 1)[1]
+    assert entry.startswith("sites = [{") and '"precompile_kernels"' in entry
+    # Pasted into pyproject.toml, the entry covers it: the site is then CI106 and apply migrates it.
+    (tmp_path / "pyproject.toml").write_text(f"[tool.canary-instrument]\n{entry}\n")
+    assert codes(tree.run("check")) == ["CI106"]
+    tree.run("apply")
+    assert "canary_run_ctx = self.canary_ctx(active=0)" in tree.read(GR)
