@@ -367,7 +367,9 @@ def main(argv=None):
     if args.readback_interval is not None:
         os.environ["KV_CANARY_READBACK_INTERVAL"] = str(args.readback_interval)
     if args.device == "cuda" and not args.no_absorb:
-        CLOCK.absorb = lambda: torch.cuda.current_stream().query()
+        # Not while a graph is being captured (the EAGLE draft chain's sites run inside its capture): a
+        # stream query there is not permitted, and there is no graph launch to wait for.
+        CLOCK.absorb = lambda: torch.cuda.is_current_stream_capturing() or torch.cuda.current_stream().query()
     if args.device == "cpu":
         torch.set_num_threads(1)
     matrix.quiet_canary_log()

@@ -17,7 +17,7 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
     )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "scaffold  exit 0: 4 files" in out and "apply     exit 0: 4 files" in out
+    assert "scaffold  exit 0: 4 files" in out and "apply     exit 0: 5 files" in out
     matrix_header = next(line for line in out.splitlines() if line.strip().startswith("fault "))
     assert matrix_header.split()[1:] == ["swa", "swa+eagle"]
     eagle_row = next(line for line in out.splitlines() if "EAGLE draft position off by one" in line)

@@ -20,7 +20,16 @@ from .harness import RealRunner, Scheduler
 
 LAYOUTS = ["mha", "mla", "swa"]
 # The `dev` fixture (tests/runtime/conftest.py): "cpu" with the torch reference backend everywhere, and
-# "cuda" with the Triton kernels where a GPU is visible.
+# "cuda" with the Triton kernels where a GPU is visible. Overridden here: sglang chooses its kernels when it
+# is imported, by the platform it sees (`is_cuda()`), so where a GPU is visible its pools and batches call
+# CUDA-only ops, which have no CPU implementation; its CPU paths run on machines without one (CI).
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def dev(request):
+    if request.param == "cpu" and torch.cuda.is_available():
+        pytest.skip("sglang imported where a GPU is visible runs CUDA-only ops; its CPU paths run without a GPU")
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -241,10 +250,10 @@ def test_manager_answers_what_sglang_calls_outside_the_sites(sg, server_args, de
     assert manager.per_forward_workspace_bytes() >= 0
 
 
-def test_draft_extend_after_verify_on_the_draft_runner(sg, server_args):
+def test_draft_extend_after_verify_on_the_draft_runner(sg, server_args, dev):
     runner, sched = _serving(
         sg, server_args, "mha", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", is_draft_worker=True,
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3", dev=dev, is_draft_worker=True,
     )
     reqs = [sched.new_request([1, 4, 1, 5, 9])]
     batch = sched.extend(reqs)
