@@ -468,6 +468,8 @@ def main():
         save()
     if "scaling" in results:
         plot(results, args.out / "scaling.png")
+        results["plot"] = "scaling.png"
+        save()
     log("done in", results["seconds"], "s")
 
 

@@ -37,6 +37,10 @@ def main(path: str) -> None:
         "CUDA-graph replays (the way the runtime launches the passes).",
         "",
     ]
+    if "command" in r:
+        lines += [f"This run: `{r['command']}`.", ""]
+    if "incomplete" in r:
+        lines += [f"**Incomplete run**: {r['incomplete']}.", ""]
     if "config" in r:
         def describe(c):
             variant = f"variant {c['variant']}, " if "variant" in c else ""
@@ -107,7 +111,7 @@ def main(path: str) -> None:
             "One CUDA graph holds the pre-forward pass (verify every prefix position in K and V, write the new"
             " token's rows) and the post-forward pass (verify the new rows, fingerprint them), with the"
             " expected-token table on. Attention time = requests x context x 128 KiB / copy bandwidth."
-            " Bar: <= 0.5 %. Plot: `scaling.png`.",
+            " Bar: <= 0.5 %." + (f" Plot: `{r['plot']}`." if r.get("plot") else ""),
             "",
             table(["realkv", "requests x context", "canary (us)", "attention KV read (us)", "canary / attention",
                    "violations", "bar"],
