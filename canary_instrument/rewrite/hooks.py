@@ -34,8 +34,10 @@ from canary_instrument.rewrite.shapes import (
     dotted_name,
     first_statement,
     function_model_runner,
+    functions_of,
     iter_calls,
     parameters,
+    statements,
     top_statement,
     walk_blocks,
 )
@@ -85,10 +87,10 @@ def _callee(hook: Hook) -> str | None:
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
 
-def _scopes(hook: Hook, tree: ast.Module, facts, catalog: Catalog) -> list[_Scope]:
+def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog) -> list[_Scope]:
     shape = catalog.model_runner
     scopes = []
-    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+    for cls in classes:
         info = facts(cls)
         methods = list(info.methods.values())
         if hook.scope == "model_runner" and info.is_model_runner(shape):
@@ -277,7 +279,7 @@ def _place_after_assign(hook: Hook, scope: _Scope, module: dict):
                 value = _builds(stmt, function, scope, hook)
                 if value is not None:
                     found.append((function, top_statement(function, stmt), value))
-                elif not any(True for _ in ast.iter_child_nodes(stmt) if isinstance(_, ast.stmt)) and any(
+                elif hook.after_calls and not any(isinstance(_, ast.stmt) for _ in ast.iter_child_nodes(stmt)) and any(
                     call_matches(name, p) for call in iter_calls(stmt)
                     if (name := dotted_name(call.func)) is not None for p in hook.after_calls
                 ):
@@ -313,6 +315,10 @@ def _caller(function, scope: _Scope, module: dict):
         if other is function:
             continue
         for call in _calls_in(other):
+            # The name test first: resolving every call of a 150-method class is most of the search.
+            func = call.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
+                continue
             if _own_callee(call, scope, module) is function:
                 return other, top_statement(other, call)
     return None
@@ -327,7 +333,7 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> di
             by_callee.setdefault(callee, []).append(hook)
     present: dict[str, list[PresentHook]] = {}
     manager_hooks = [h for h in catalog.hooks if h.scope == "manager"]
-    for cls, function in _all_functions(tree):
+    for cls, function in functions_of(tree):
         for block, _, _ in walk_blocks(function.body):
             for stmt in block:
                 call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
@@ -348,17 +354,6 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> di
                         migrated = expand(hook, hand.manager.rpartition(".")[0], hand.argument or "")
                         present.setdefault(role, []).append(PresentHook(stmt, block, hand, migrated))
     return present
-
-
-def _all_functions(tree: ast.Module):
-    for node in tree.body:
-        if isinstance(node, FUNCTIONS):
-            yield None, node
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, FUNCTIONS):
-                    yield node, stmt
 
 
 _KINDS = {"install_canary": "install", "mark_init_finished": "init_finished", "attach_radix_cache": "attach_cache"}
@@ -387,15 +382,31 @@ def _generated_role(stmt, hooks, cls, facts, catalog: Catalog) -> str:
     return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
 
 
-def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> list[HookMatch]:
-    """One HookMatch per hook role that has a place or a statement in this file."""
+def _may_have_place(hook: Hook, text: str | None) -> bool:
+    """False when the file's text holds none of the names a place of `hook` needs (an assigned attribute, or
+    every literal part of an after-call pattern): then no scope of it can hold a place."""
+    if text is None:
+        return True
+    return any(all(part in text for part in pattern.split("*") if part) for pattern in (*hook.assigns, *hook.after_calls))
+
+
+def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None) -> list[HookMatch]:
+    """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
+    lets a file without a hook's names skip the search for its place)."""
     present = recognise(tree, catalog, imports, facts)
     module = _module_functions(tree)
+    classes = None  # once per file, not per hook: walking a 3,000-line module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
         match = HookMatch(hook, present=present.get(hook.role, []))
         placed = []
-        for scope in _scopes(hook, tree, facts, catalog):
+        if not _may_have_place(hook, text):
+            scopes = []
+        else:
+            if classes is None:
+                classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
+            scopes = _scopes(hook, tree, classes, facts, catalog)
+        for scope in scopes:
             if hook.place == "after_capture":
                 found = _place_after_capture(hook, scope, module)
                 if found is not None:

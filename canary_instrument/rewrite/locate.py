@@ -284,7 +284,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog)
-    result.hooks = locate_hooks(tree, catalog, imports, facts)
+    result.hooks = locate_hooks(tree, catalog, imports, facts, None if lines is None else "".join(lines))
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
             result.roles_expected.add(hook.role)
