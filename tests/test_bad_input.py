@@ -27,6 +27,9 @@ SITE_FILES = (
     "refsgl/srt/speculative/eagle_worker_v2.py",
     "refsgl/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
 )
+# Files that only `apply` changes: it places a hook there, `scaffold` has nothing to do.
+HOOK_FILES = ("refsgl/srt/managers/scheduler.py",)
+WIRED_FILES = SITE_FILES + HOOK_FILES
 VICTIM = "refsgl/srt/model_executor/cuda_graph_runner.py"
 FINDING = re.compile(r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): (?P<code>\S+) (?P<message>.*)$")
 
@@ -93,7 +96,7 @@ def copy_engine(dest: Path) -> Path:
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
-    return {rel: (root / rel).read_bytes() for rel in SITE_FILES}
+    return {rel: (root / rel).read_bytes() for rel in WIRED_FILES}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +113,9 @@ def states(tmp_path_factory) -> dict[str, Path]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rel in SITE_FILES:
         assert (scaffolded / rel).read_bytes() != (pristine / rel).read_bytes(), f"scaffold left {rel} alone"
+    for rel in HOOK_FILES:
+        assert (scaffolded / rel).read_bytes() == (pristine / rel).read_bytes(), f"scaffold changed {rel}"
+    for rel in WIRED_FILES:
         assert (applied / rel).read_bytes() != (scaffolded / rel).read_bytes(), f"apply left {rel} alone"
     return {"pristine": pristine, "scaffolded": scaffolded, "applied": applied}
 
@@ -236,15 +242,15 @@ def test_bad_file_is_reported_once_left_alone_and_the_rest_is_processed(states, 
     assert after.get(rel_bad) == before[rel_bad], "the bad file was touched"
     assert set(after) == set(before), "files appeared or vanished"
 
-    # Every other site file went on to its next state (check writes nothing at all).
+    # Every other wired file went on to its next state (check writes nothing at all).
     nxt = {"scaffold": "scaffolded", "apply": "applied", "revert": "scaffolded", "check": "scaffolded"}[command]
-    for rel in SITE_FILES:
+    for rel in WIRED_FILES:
         if tree / rel == bad_path:
             continue
         assert (tree / rel).read_bytes() == (states[nxt] / rel).read_bytes(), f"{rel} was not processed"
     for rel, (content, mtime, mode) in before.items():
-        if rel not in SITE_FILES:
-            assert after[rel] == (content, mtime, mode), f"{rel} is not a site file but changed"
+        if rel not in WIRED_FILES:
+            assert after[rel] == (content, mtime, mode), f"{rel} is not a wired file but changed"
 
 
 @pytest.mark.parametrize("kind", ROUND_TRIP)
@@ -279,14 +285,14 @@ def windows_tabs_bom(data: bytes) -> bytes:
 
 def test_crlf_bom_and_tabs_survive_scaffold_apply_and_revert(states, tmp_path):
     tree = copy_engine(tmp_path / "tree")
-    for rel in SITE_FILES:
+    for rel in WIRED_FILES:
         (tree / rel).write_bytes(windows_tabs_bom((tree / rel).read_bytes()))
-    others = {rel: v for rel, v in snapshot(tree).items() if rel not in SITE_FILES}
+    others = {rel: v for rel, v in snapshot(tree).items() if rel not in WIRED_FILES}
 
     for command, state in (("scaffold", "scaffolded"), ("apply", "applied"), ("revert", "scaffolded")):
         proc = run_cli(command, str(tree))
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        for rel in SITE_FILES:
+        for rel in WIRED_FILES:
             got = (tree / rel).read_bytes()
             assert got.startswith(b"\xef\xbb\xbf"), f"{command} dropped the BOM of {rel}"
             assert b"\n" not in got.replace(b"\r\n", b""), f"{command} wrote a bare LF into {rel}"
@@ -294,7 +300,7 @@ def test_crlf_bom_and_tabs_survive_scaffold_apply_and_revert(states, tmp_path):
                 f"{command} on a CRLF/BOM/tab copy of {rel} differs from the same transform of "
                 "its plain output"
             )
-        assert {rel: v for rel, v in snapshot(tree).items() if rel not in SITE_FILES} == others
+        assert {rel: v for rel, v in snapshot(tree).items() if rel not in WIRED_FILES} == others
 
 
 def test_unchanged_files_are_never_rewritten(states, tmp_path):
@@ -342,9 +348,9 @@ def start_slow_apply(tree: Path, hooks: Path, delay: float) -> subprocess.Popen:
 
 
 def assert_whole(tree: Path, scaffolded: Path, applied: Path) -> int:
-    """Every site file is either its old or its new bytes; returns how many are new."""
+    """Every wired file is either its old or its new bytes; returns how many are new."""
     new = 0
-    for rel in SITE_FILES:
+    for rel in WIRED_FILES:
         got = (tree / rel).read_bytes()
         old, wired = (scaffolded / rel).read_bytes(), (applied / rel).read_bytes()
         assert got in (old, wired), f"{rel} is neither the old nor the new file after a kill"
@@ -388,7 +394,7 @@ def test_apply_killed_at_every_write_leaves_every_file_whole(states, tmp_path):
         kill_at += 1
     # The writes went through fsync, and kills landed between the first and the last of them.
     assert len(marks_seen) > 2, f"apply performed no fsynced write: {marks_seen}"
-    assert any(0 < new < len(SITE_FILES) for _, new, _ in marks_seen), marks_seen
+    assert any(0 < new < len(WIRED_FILES) for _, new, _ in marks_seen), marks_seen
 
 
 def test_apply_killed_at_random_moments_leaves_every_file_whole(states, tmp_path):

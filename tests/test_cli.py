@@ -54,7 +54,7 @@ def test_the_whole_flow_and_its_exit_codes(engine):
 
     assert invoke("apply", "--check", engine).exit_code == 1
     applied = invoke("apply", engine)
-    assert applied.exit_code == 0 and "4 files applied." in applied.output
+    assert applied.exit_code == 0 and "5 files applied." in applied.output
     assert invoke("apply", "--check", engine).exit_code == 0
     assert invoke("check", engine).exit_code == 0
     assert invoke("revert", engine).exit_code == 0
