@@ -82,6 +82,28 @@ class LogCapture(logging.Handler):
         return "\n".join(self.lines)
 
 
+def drain_and_sweep(engine, manager, passes: int = 2) -> None:
+    """Let the running requests finish (their KV goes into the cache), then drive the idle-cache sweep
+    until it has finished ``passes`` more passes over what the cache holds."""
+    while not engine.scheduler.is_idle():
+        engine.step()
+    sweeper, cache = manager.sweeper, engine.scheduler.tree_cache
+    if sweeper is None:
+        return  # --sweep-interval 0: no sweep to drive
+    start = sweeper.progress.passes
+    # An idle engine runs no steps: drive the sweep's slices directly, at steps it is due on. Serving may end
+    # on any step, so start from the next multiple of the interval (from the last step itself, every later
+    # step would miss the interval and the drain would sweep nothing).
+    step = (manager.step // sweeper.interval + 1) * sweeper.interval
+    for _ in range(100_000):
+        if sweeper.progress.passes >= start + passes:
+            return
+        sweeper.maybe_sweep(step, cache)
+        step += sweeper.interval
+    raise RuntimeError(f"soak drain: the sweep did not finish {passes} passes over the cache "
+                       f"({sweeper.progress}); the idle-cache misses would be scored unswept")
+
+
 def run(module, layout: str, steps: int, seed: int, environ: dict, sweep_interval: int, drain: bool) -> dict:
     """Serve ``steps`` steps; with ``drain``, let requests finish and the sweep pass twice over the cache."""
     logger = logging.getLogger(LOGGER)
@@ -99,15 +121,7 @@ def run(module, layout: str, steps: int, seed: int, environ: dict, sweep_interva
             workload.step()
         serve_seconds = time.perf_counter() - started
         if drain:
-            while not engine.scheduler.is_idle():
-                engine.step()
-            sweeper, cache = manager.sweeper, engine.scheduler.tree_cache
-            passes, step = sweeper.progress.passes, manager.step
-            for _ in range(100_000):  # an idle engine runs no steps: drive the sweep's slices directly
-                if sweeper.progress.passes >= passes + 2:
-                    break
-                step += sweeper.interval
-                sweeper.maybe_sweep(step, cache)
+            drain_and_sweep(engine, manager)
         violations = manager.flush()
         if manager.perturber is not None:
             manager.perturber.drain()
