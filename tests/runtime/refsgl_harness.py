@@ -6,22 +6,20 @@ before the model forward and after it (inside the step's outside-graph context) 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
+from canary_instrument.demo.engine_copy import import_engine
 from canary_instrument.runtime import canary_context, install_canary, mark_init_finished
 
 ENGINE_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "golden", "engine"))
 
 
 def engine_class():
-    sys.path.insert(0, ENGINE_ROOT)
-    try:
-        from refsgl.srt.entrypoints.engine import Engine
-    finally:
-        sys.path.remove(ENGINE_ROOT)
-    return Engine
+    # A plain import would reuse whatever `refsgl` this process imported last, e.g. a wired copy from an e2e
+    # test, whose model runner installs a canary of its own; import the pristine one afresh.
+    return import_engine(Path(ENGINE_ROOT)).Engine
 
 
 @dataclass
