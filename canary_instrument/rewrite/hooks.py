@@ -28,7 +28,6 @@ from canary_instrument.catalog import Catalog, Hook, call_matches
 from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
 from canary_instrument.rewrite.shapes import (
     FUNCTIONS,
-    SCOPES,
     ClassFacts,
     Imports,
     dotted_name,
@@ -145,14 +144,10 @@ def _capture_calls(function, hook: Hook) -> list[ast.Call]:
 
 def _early_return(function) -> bool:
     last = function.body[-1]
-    stack = list(function.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, SCOPES):
-            continue
-        if isinstance(node, ast.Return) and node is not last:
+    # A return is a statement, and statements nest only in statements' blocks.
+    for block, _, _ in walk_blocks(function.body):
+        if any(isinstance(stmt, ast.Return) and stmt is not last for stmt in block):
             return True
-        stack.extend(ast.iter_child_nodes(node))
     return False
 
 
@@ -324,8 +319,9 @@ def _caller(function, scope: _Scope, module: dict):
     return None
 
 
-def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> dict[str, list[PresentHook]]:
-    """Every hook statement already in the file, by role: generated ones and hand-written ones."""
+def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None) -> dict[str, list[PresentHook]]:
+    """Every hook statement already in the file, by role: generated ones and hand-written ones
+    (`functions`: `functions_of(tree)`, when the caller has listed them)."""
     by_callee: dict[str, list[Hook]] = {}
     for hook in catalog.hooks:
         callee = _callee(hook)
@@ -333,7 +329,7 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> di
             by_callee.setdefault(callee, []).append(hook)
     present: dict[str, list[PresentHook]] = {}
     manager_hooks = [h for h in catalog.hooks if h.scope == "manager"]
-    for cls, function in functions_of(tree):
+    for cls, function in functions_of(tree) if functions is None else functions:
         for block, _, _ in walk_blocks(function.body):
             for stmt in block:
                 call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
@@ -390,12 +386,14 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
     return any(all(part in text for part in pattern.split("*") if part) for pattern in (*hook.assigns, *hook.after_calls))
 
 
-def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None) -> list[HookMatch]:
+def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
+                 classes: list[ast.ClassDef] | None = None, functions=None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
-    lets a file without a hook's names skip the search for its place)."""
-    present = recognise(tree, catalog, imports, facts)
+    lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
+    classes and `functions_of(tree)`, when the caller has listed them)."""
+    present = recognise(tree, catalog, imports, facts, functions)
     module = _module_functions(tree)
-    classes = None  # once per file, not per hook: walking a 3,000-line module costs more than a hook's search
+    # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
         match = HookMatch(hook, present=present.get(hook.role, []))

@@ -23,6 +23,7 @@ from canary_instrument.rewrite.handwritten import HandWired, last_name, parse_si
 from canary_instrument.rewrite.hooks import HookMatch, locate_hooks
 from canary_instrument.rewrite.roles import Context, resolve, scoped_manager, suggest_entry
 from canary_instrument.rewrite.shapes import (
+    FUNCTIONS,
     ClassFacts,
     Imports,
     call_names,
@@ -30,7 +31,6 @@ from canary_instrument.rewrite.shapes import (
     child_blocks,
     dotted_name,
     function_model_runner,
-    functions_of,
     iter_calls,
     local_aliases,
     loop_index,
@@ -254,15 +254,18 @@ def _locate_with_item(site: Site, method) -> tuple | None:
 
 
 class _Facts:
-    """ClassFacts computed on demand, once per class of the file."""
+    """ClassFacts computed on demand, once per class of the file (given the file's lines, each knows its text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: list[str] | None = None) -> None:
         self._facts: dict[int, ClassFacts] = {}
+        self._lines = lines
 
     def __call__(self, cls: ast.ClassDef) -> ClassFacts:
         facts = self._facts.get(id(cls))
         if facts is None:
-            facts = self._facts[id(cls)] = ClassFacts(cls)
+            lines = self._lines
+            text = "".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
+            facts = self._facts[id(cls)] = ClassFacts(cls, text)
         return facts
 
 
@@ -271,20 +274,26 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     posix = Path(path).as_posix()
     imports = Imports(tree)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
-    facts = _Facts()
+    facts = _Facts(lines)
     classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
+    functions = [(None, node) for node in tree.body if isinstance(node, FUNCTIONS)] + [
+        (cls, stmt) for cls in classes for stmt in cls.body if isinstance(stmt, FUNCTIONS)
+    ]  # functions_of(tree), listed once for the site and hook searches
+    text = None if lines is None else "".join(lines)
     names = catalog.placeholder_names
 
     def canary(name: str) -> bool:
         return name in names or bool(_CANARY_NAME.match(name))
 
     found: list[SiteMatch] = []
-    for cls, function in functions_of(tree):
-        found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
+    # Sites and stray canary code are canary-named: a file whose text names none holds neither.
+    if text is None or "canary" in text or any(name in text for name in names):
+        for cls, function in functions:
+            found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog)
-    result.hooks = locate_hooks(tree, catalog, imports, facts, None if lines is None else "".join(lines))
+    result.hooks = locate_hooks(tree, catalog, imports, facts, text, classes=classes, functions=functions)
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
             result.roles_expected.add(hook.role)
