@@ -136,20 +136,20 @@ class _Scan:
 
     def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
-        path = Path(key)
         try:
-            with open(path, "rb") as handle:
+            with open(key, "rb") as handle:
                 data = handle.read()
         except OSError:
-            return (None, None, None, b"", SITES | REACH, self.analyse(path, None, SITES | REACH))
+            return (None, None, None, b"", SITES | REACH, self.analyse(Path(key), None, SITES | REACH))
         digest = content_hash(data) if self.cache is not None else b""
         entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
         if entry is not None:
             return ("same", None, None, digest, entry[4], entry[5])  # touched, not changed
-        needs = self.prefilter.needs(key if os.sep == "/" else path.as_posix(), data)
+        # A Path only for the few files analysed: building one per file of the tree costs more than its byte scan.
+        needs = self.prefilter.needs(key if os.sep == "/" else Path(key).as_posix(), data)
         if not needs:
             self.data[key] = data  # for the caller search (in a forked child, simply dropped)
-        return (None, None, None, digest, needs, self.analyse(path, data, needs) if needs else None)
+        return (None, None, None, digest, needs, self.analyse(Path(key), data, needs) if needs else None)
 
     def record(self, key: str, st, entry: tuple) -> None:
         digest, needs, payload = entry[3], entry[4], entry[5]
@@ -256,6 +256,7 @@ class _Scan:
                 taken: set[int] = set()
             hits = sorted(search.find(wanted) - taken)
             taken.update(hits)
+            added = False
             for index in hits:
                 key, st = others[index]
                 report = CheckCache.payload(self.kept.get(key))
@@ -267,6 +268,9 @@ class _Scan:
                         self.cache.store(key, st, self.seen[key], 0, report)
                 self.reports[key] = report
                 found_keys.append(key)
+                added = True
+            if not added:
+                break  # the call graph just built is the tree's: all it wants was searched for
         if self.cache is not None:
             self.cache.set_extra(_EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
 
