@@ -233,9 +233,10 @@ class CallerSearch:
             self._starts.append(offset)
             offset += len(data) + 1
 
-    def find(self, wanted) -> set[int]:
+    def find(self, wanted, two_cores: bool = True) -> set[int]:
         """Indexes of the files that hold a use `wanted` names: ("call", name, class or None) and
-        ("subclass", class) entries (`uncovered.callers_wanted`)."""
+        ("subclass", class) entries (`uncovered.callers_wanted`). `two_cores=False`: all here (the
+        caller already shares the files between two processes)."""
         owners: dict[str, set[str | None]] = {}
         bases: set[str] = set()
         defined: set[str] = set()
@@ -253,7 +254,7 @@ class CallerSearch:
 
         # One pass over the whole tree per word: the words share the two cores (parallel.map_two).
         found: set[int] = set()
-        for hits in map_two(files_using, words, [len(self._big)] * len(words)):
+        for hits in map_two(files_using, words, [len(self._big) if two_cores else 0] * len(words)):
             found |= hits
         return found
 
