@@ -272,10 +272,11 @@ class _Facts:
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
     posix = Path(path).as_posix()
-    imports = Imports(tree)
+    nodes = list(statements(tree))
+    imports = Imports(tree, nodes)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
     facts = _Facts(lines)
-    classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
+    classes = [node for node in nodes if isinstance(node, ast.ClassDef)]
     functions = [(None, node) for node in tree.body if isinstance(node, FUNCTIONS)] + [
         (cls, stmt) for cls in classes for stmt in cls.body if isinstance(stmt, FUNCTIONS)
     ]  # functions_of(tree), listed once for the site and hook searches

@@ -118,29 +118,57 @@ def calls_any(node: ast.AST, patterns) -> bool:
     return bool(matched_patterns(call_names(node), patterns))
 
 
+_BLOCK_FIELDS: dict[type, tuple[tuple[str, ...], bool, bool]] = {}  # per node type: block fields, handlers, cases
+
+
 def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     """The statement lists nested directly in a compound statement."""
+    kind = type(stmt)
+    shape = _BLOCK_FIELDS.get(kind)
+    if shape is None:
+        fields = getattr(kind, "_fields", ())
+        shape = _BLOCK_FIELDS[kind] = (
+            tuple(name for name in ("body", "orelse", "finalbody") if name in fields),
+            "handlers" in fields,
+            "cases" in fields,
+        )
+    names, handlers, cases = shape
+    if not names and not handlers and not cases:
+        return []  # a simple statement (most of them): nothing to look up
     blocks = []
-    for name in ("body", "orelse", "finalbody"):
+    for name in names:
         block = getattr(stmt, name, None)
         if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
             blocks.append(block)
-    for handler in getattr(stmt, "handlers", ()):
-        blocks.append(handler.body)
-    for case in getattr(stmt, "cases", ()):
-        blocks.append(case.body)
+    if handlers:
+        for handler in stmt.handlers:
+            blocks.append(handler.body)
+    if cases:
+        for case in stmt.cases:
+            blocks.append(case.body)
     return blocks
 
 
+_FOR_TYPES = frozenset((ast.For, ast.AsyncFor))
+
+
 def walk_blocks(block, loops=(), owner=None):
-    """Yield (block, owner statement, enclosing for-loops) for a block and every block nested in it."""
-    yield block, owner, loops
-    for stmt in block:
-        if isinstance(stmt, SCOPES):
-            continue
-        inner_loops = loops + (stmt,) if isinstance(stmt, (ast.For, ast.AsyncFor)) else loops
-        for child in child_blocks(stmt):
-            yield from walk_blocks(child, inner_loops, stmt)
+    """Yield (block, owner statement, enclosing for-loops) for a block and every block nested in it,
+    parents first, in source order."""
+    stack = [(block, owner, loops)]
+    while stack:
+        block, owner, loops = stack.pop()
+        yield block, owner, loops
+        nested = []
+        for stmt in block:
+            kind = type(stmt)
+            if kind in _SCOPE_TYPES:
+                continue
+            children = child_blocks(stmt)
+            if children:
+                inner_loops = loops + (stmt,) if kind in _FOR_TYPES else loops
+                nested.extend((child, stmt, inner_loops) for child in children)
+        stack.extend(reversed(nested))
 
 
 def block_of(function, stmt) -> list[ast.stmt] | None:
@@ -210,9 +238,10 @@ def first_statement(function) -> ast.stmt:
 class Imports:
     """Local names bound by imports, resolved to qualified names (`cl` -> `contextlib`)."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, nodes=None) -> None:
+        """`nodes`: `statements(tree)`, when the caller has listed them."""
         self.names: dict[str, str] = {}
-        for node in statements(tree):
+        for node in statements(tree) if nodes is None else nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
