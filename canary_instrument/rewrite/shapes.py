@@ -6,9 +6,11 @@ Standard-library `ast` only (`check` uses it).
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 from collections import deque
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
 
@@ -107,6 +109,15 @@ _CLASS_ONLY = frozenset((ast.ClassDef,))
 
 def call_names(node: ast.AST, into_functions: bool = False) -> list[str]:
     return [name for call in iter_calls(node, into_functions) if (name := dotted_name(call.func)) is not None]
+
+
+@lru_cache(maxsize=None)
+def calls_matcher(patterns: tuple[str, ...]):
+    """A test of a dotted call name: true when `call_matches` holds for one of `patterns` (one regex,
+    not two `fnmatchcase` per pattern: finders test every call of a class)."""
+    parts = [fnmatch.translate(p) for pattern in patterns for p in (pattern, "*." + pattern)]
+    regex = re.compile("|".join(f"(?:{part})" for part in parts) or "(?!)")
+    return lambda name: regex.match(name) is not None
 
 
 def matched_patterns(names, patterns) -> set[str]:
@@ -367,10 +378,26 @@ class ClassFacts:
             kind = type(node)
             if kind is ClassDef or node is None:
                 continue
-            if kind is Attribute or kind is Name:
+            if kind is Attribute:
+                # A chain `self.a.b` on a name holds nothing but its prefixes (`self.a`, `self`): add
+                # them all here rather than naming each link again from its root.
+                parts = []
+                root = node
+                while type(root) is Attribute:
+                    parts.append(root.attr)
+                    root = root.value
+                if type(root) is Name:
+                    name = root.id
+                    refs.add(name)
+                    for part in reversed(parts):
+                        name = f"{name}.{part}"
+                        refs.add(name)
+                    continue
                 name = dotted_name(node)
                 if name is not None:
                     refs.add(name)
+            elif kind is Name:
+                refs.add(node.id)
             elif kind is Call and (name := dotted_name(node.func)) is not None:
                 calls.append(name)
             for field_name in get(kind) or child_fields(kind):
