@@ -118,10 +118,11 @@ class _Scan:
         """Examine every file (on two cores when many must be read) and record the outcomes in order."""
         cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
         todo = [i for i, entry in enumerate(cached) if entry is None]
-        # Reading and scanning costs by size; parsing and analysing a file at a catalog location
-        # (the largest files of the tree) several times that.
+        # Reading and scanning costs by size; parsing and analysing a file at a catalog location about
+        # a hundred times that (measured on sglang 0.5.14 to 0.5.23). The weights order the work, the
+        # heaviest first, so that the two processes sharing it end together.
         weights = [
-            (files[i][1].st_size if files[i][1] is not None else 0) * (8 if self.prefilter.path_matches(
+            (files[i][1].st_size if files[i][1] is not None else 0) * (100 if self.prefilter.path_matches(
                 files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
             for i in todo
         ]
@@ -131,7 +132,9 @@ class _Scan:
             if memo is not None and memo[0] == self.fingerprint():
                 self.memo = memo
                 return
-        self.pair = Pair({"examine": lambda i: self.examine(*files[i]), "search": self._search_side}, sum(weights))
+        # Fork when there are enough bytes to read that a second process pays for itself.
+        size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
+        self.pair = Pair({"examine": lambda i: self.examine(*files[i]), "search": self._search_side}, size)
         outcomes, sides = self.pair.map("examine", todo, weights)
         for i, outcome, side in zip(todo, outcomes, sides):
             cached[i] = outcome

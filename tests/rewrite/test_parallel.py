@@ -24,12 +24,15 @@ two_cores = pytest.mark.skipif(
 )
 
 _SCENARIO = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     from canary_instrument.rewrite.parallel import MIN_WEIGHT, Pair
 
     seen = {}  # what each process has computed: stays in the process that computed it
 
     def square(item):
+        if mode == "fail-first" and os.getpid() != parent:
+            raise RuntimeError("the child fails in the first map")
+        time.sleep(0.02)  # long enough that both sides take items from the queue
         seen[item] = os.getpid()
         return item * item
 
@@ -47,9 +50,10 @@ _SCENARIO = textwrap.dedent("""
     mode = sys.argv[1]
     out = {}
     with Pair({"square": square, "held": held, "fail": fail}, MIN_WEIGHT) as pair:
-        out["forked"] = pair.forked
         results, sides = pair.map("square", list(range(10)), [1] * 10)
+        out["forked"] = pair.forked
         out["results"], out["sides"] = results, sides
+        out["second"] = pair.map("square", [10, 11, 12, 13], [1, 1, 1, 1])
         mine = [i for i, s in zip(range(10), sides) if s == 0]
         theirs = [i for i, s in zip(range(10), sides) if s == 1]
         out["held"] = pair.both("held", (list(range(10)),), (list(range(10)),))
@@ -82,8 +86,19 @@ def test_a_pair_shares_a_map_and_each_side_keeps_what_it_computed():
     out = _run("ok")
     assert out["forked"]
     assert out["results"] == [i * i for i in range(10)]
-    assert sorted(out["sides"]) == [0] * 5 + [1] * 5  # equal weights: half each
+    assert 0 in out["sides"] and 1 in out["sides"]  # both sides took items from the queue
     assert out["held"] == out["expected_held"]  # the child answered from its own memory
+    assert out["second"][0] == [100, 121, 144, 169]
+    assert sorted(out["second"][1]) == [0, 0, 1, 1]  # a later map: split by weight, half each
+    assert out["reaped"]
+
+
+@two_cores
+def test_a_child_failing_its_first_share_leaves_it_to_this_process():
+    out = _run("fail-first")
+    assert out["results"] == [i * i for i in range(10)]
+    assert out["sides"] == [0] * 10
+    assert not out["forked"]
     assert out["reaped"]
 
 
