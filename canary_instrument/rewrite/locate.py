@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,10 +288,12 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
         return name in names or bool(_CANARY_NAME.match(name))
 
     found: list[SiteMatch] = []
-    # Sites and stray canary code are canary-named: a file whose text names none holds neither.
+    # Sites and stray canary code are canary-named: only a function whose lines name one can hold any.
     if text is None or "canary" in text or any(name in text for name in names):
+        marked = None if lines is None else _lines_naming(lines, ("canary", *names))
         for cls, function in functions:
-            found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
+            if marked is None or _spans_any(marked, function):
+                found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog)
@@ -300,6 +303,18 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
             result.roles_expected.add(hook.role)
     _collect_members(result, catalog, lines)
     return result
+
+
+def _lines_naming(lines: list[str], words) -> list[int]:
+    """The (1-based) numbers of the lines that hold one of `words`."""
+    words = [w for w in words if not any(other in w for other in words if other != w)]  # `canary` covers `canary_ctx`
+    return [number for number, line in enumerate(lines, 1) if any(word in line for word in words)]
+
+
+def _spans_any(numbers: list[int], function) -> bool:
+    """Whether one of the sorted line `numbers` falls in the lines of `function`."""
+    index = bisect_left(numbers, function.lineno)
+    return index < len(numbers) and numbers[index] <= (function.end_lineno or function.lineno)
 
 
 def _usage(rest: list[ast.stmt], name: str):
