@@ -299,15 +299,25 @@ class _Scan:
 
     def _parts(self) -> tuple[list[str], list[str]]:
         """The files no rule needed, split by the side of the pair that holds their bytes; files read by
-        neither (unchanged since the cache's run) go to the side with fewer bytes so far."""
+        neither (unchanged since the cache's run) go to the side with fewer bytes so far. Each round
+        searches every byte of a side once per name, so the sides are then evened out: the side with
+        more bytes hands its last files over (the other reads them once, then keeps them)."""
         parts: tuple[list[str], list[str]] = ([], [])
         totals = [0, 0]
-        for key, st in self.others:
+        size = {key: st.st_size if st is not None else 0 for key, st in self.others}
+        for key, _ in self.others:
             side = self.side.get(key)
             if side is None:
                 side = 0 if totals[0] <= totals[1] or not self.pair.forked else 1
             parts[side].append(key)
-            totals[side] += st.st_size if st is not None else 0
+            totals[side] += size[key]
+        if self.pair.forked:
+            heavy = 0 if totals[0] > totals[1] else 1
+            while parts[heavy] and totals[heavy] - size[parts[heavy][-1]] >= totals[1 - heavy]:
+                key = parts[heavy].pop()
+                parts[1 - heavy].append(key)
+                totals[heavy] -= size[key]
+                totals[1 - heavy] += size[key]
         return parts
 
     def _search_side(self, side: int, keys: list[str], wanted, taken: frozenset, kept: frozenset) -> list[tuple]:
