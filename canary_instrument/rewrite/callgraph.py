@@ -60,6 +60,7 @@ class CallGraph:
         self._method: dict[tuple, list[DefKey]] = {}
         self._resolved: dict[tuple, list[DefKey]] = {}
         self._bases: dict[ClassKey, list[ClassKey]] = {}
+        self._owners: dict[DefKey, ClassKey | None] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
         for key, cls in self.classes.items():
             bases = [b for q in cls.bases for b in self.classes_of(q)]
@@ -86,10 +87,14 @@ class CallGraph:
         parts = qualified.split(".")
         found: list = []
         best = 0
+        classes_by_name, functions_by_name = self.classes_by_name, self.functions_by_name
         for split in range(len(parts) - 1, 0, -1):
-            module, head, rest = parts[:split], parts[split], parts[split + 1 :]
-            candidates = [("class", k) for k in self.classes_by_name.get(head, ()) if "." not in k[1]]
-            candidates += [("def", k) for k in self.functions_by_name.get(head, ())]
+            head = parts[split]
+            if head not in classes_by_name and head not in functions_by_name:
+                continue  # most names (`torch.nn.functional.pad`) name nothing of the tree at any split
+            module, rest = parts[:split], parts[split + 1 :]
+            candidates = [("class", k) for k in classes_by_name.get(head, ()) if "." not in k[1]]
+            candidates += [("def", k) for k in functions_by_name.get(head, ())]
             for kind, key in candidates:
                 score = _module_score(module, self.modules[key[0]])
                 if score == 0:
@@ -157,14 +162,18 @@ class CallGraph:
         return found
 
     def self_class(self, key: DefKey) -> ClassKey | None:
+        if key in self._owners:
+            return self._owners[key]
         fn = self.defs[key]
+        owner = None
         if fn.cls is not None:
-            return (key[0], fn.cls)
-        if ".<locals>." in fn.qualname:
+            owner = (key[0], fn.cls)
+        elif ".<locals>." in fn.qualname:
             outer = self.defs.get((key[0], fn.qualname.split(".<locals>.")[0]))
             if outer is not None and outer.cls is not None:
-                return (key[0], outer.cls)
-        return None
+                owner = (key[0], outer.cls)
+        self._owners[key] = owner
+        return owner
 
     def attribute_types(self, cls: ClassKey | None, attribute: str) -> list[str]:
         """Qualified classes attribute `attribute` holds: the class's own record, else the tree's."""
@@ -210,8 +219,13 @@ class CallGraph:
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
-        # What a call resolves to depends on the caller only through its file and class.
-        memo = (caller[0], self.self_class(caller), target, call)
+        # What a call resolves to depends on the caller only through its file and class, and for a
+        # qualified name or a receiver that is not `self`'s not at all (`_resolve`).
+        kind = target[0]
+        if kind in _CALLER_FREE or (kind == "attr" and not target[3]):
+            memo = (target, call)
+        else:
+            memo = (caller[0], self.self_class(caller), target, call)
         if self.missing is None:
             cached = self._resolved.get(memo)
             if cached is not None:
@@ -294,6 +308,10 @@ class CallGraph:
             module = self.files[key[0]][1].module.rpartition(".")[2]
             name = f"{module}.{name}" if module else name
         return name
+
+
+# Target kinds whose resolution does not depend on the calling function (see `_resolve`).
+_CALLER_FREE = frozenset(("global", "var", "name"))
 
 
 def _module_score(module: list[str], file_module: list[str]) -> int:

@@ -28,9 +28,9 @@ from canary_instrument.catalog import Catalog, Hook, call_matches
 from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
 from canary_instrument.rewrite.shapes import (
     FUNCTIONS,
-    SCOPES,
     ClassFacts,
     Imports,
+    calls_matcher,
     dotted_name,
     first_statement,
     function_model_runner,
@@ -136,34 +136,53 @@ def _calls_in(function):
         yield from iter_calls(stmt)
 
 
-def _capture_calls(function, hook: Hook) -> list[ast.Call]:
-    return [
-        call for call in _calls_in(function)
-        if (name := dotted_name(call.func)) is not None and any(call_matches(name, p) for p in hook.after_calls)
-    ]
+class _Calls:
+    """The calls each function of a file runs (`iter_calls` of its statements, in that order), listed
+    once per file: every hook asks about the same functions."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[ast.Call]] = {}
+        self._matching: dict[tuple, list[ast.Call]] = {}
+
+    def __call__(self, function) -> list[ast.Call]:
+        calls = self._calls.get(id(function))
+        if calls is None:
+            calls = self._calls[id(function)] = list(_calls_in(function))
+        return calls
+
+    def matching(self, function, patterns) -> list[ast.Call]:
+        """The calls of `function` whose dotted name matches one of the catalog call `patterns`."""
+        key = (id(function), tuple(patterns))
+        found = self._matching.get(key)
+        if found is None:
+            matcher = calls_matcher(key[1])
+            found = self._matching[key] = [
+                call for call in self(function) if (name := dotted_name(call.func)) is not None and matcher(name)
+            ]
+        return found
+
+
+def _capture_calls(function, hook: Hook, calls: _Calls) -> list[ast.Call]:
+    return calls.matching(function, hook.after_calls)
 
 
 def _early_return(function) -> bool:
     last = function.body[-1]
-    stack = list(function.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, SCOPES):
-            continue
-        if isinstance(node, ast.Return) and node is not last:
+    # A return is a statement, and statements nest only in statements' blocks.
+    for block, _, _ in walk_blocks(function.body):
+        if any(isinstance(stmt, ast.Return) and stmt is not last for stmt in block):
             return True
-        stack.extend(ast.iter_child_nodes(node))
     return False
 
 
-def _end_of(function, hook: Hook) -> tuple[ast.stmt, str]:
+def _end_of(function, hook: Hook, calls: _Calls) -> tuple[ast.stmt, str]:
     """Where "at the end" of a function is: before its final return, else after its last statement.
 
     A function that can return early gets the hook right after its last statement that
     captures instead, so that no path skips it.
     """
     if _early_return(function):
-        captures = _capture_calls(function, hook)
+        captures = _capture_calls(function, hook, calls)
         tops = [top_statement(function, call) for call in captures]
         if tops:
             return max(tops, key=lambda stmt: stmt.lineno), "after"
@@ -187,8 +206,8 @@ def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
     return module[name]
 
 
-def _place_after_capture(hook: Hook, scope: _Scope, module: dict):
-    captures = {id(f): _capture_calls(f, hook) for f in scope.functions}
+def _place_after_capture(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
+    captures = {id(f): _capture_calls(f, hook, calls) for f in scope.functions}
     memo: dict[int, bool] = {}
 
     def delegated(function, seen=()) -> bool:
@@ -197,10 +216,10 @@ def _place_after_capture(hook: Hook, scope: _Scope, module: dict):
         if id(function) in seen:
             return False
         result = True
-        for call in captures.get(id(function)) or _capture_calls(function, hook):
+        for call in captures.get(id(function)) or _capture_calls(function, hook, calls):
             own = _own_callee(call, scope, module)
             if own is not None:
-                if not (_capture_calls(own, hook) and delegated(own, (*seen, id(function)))):
+                if not (_capture_calls(own, hook, calls) and delegated(own, (*seen, id(function)))):
                     result = False
             elif not _passes(call, scope.runner):
                 result = False
@@ -219,11 +238,11 @@ def _place_after_capture(hook: Hook, scope: _Scope, module: dict):
         return len({dotted_name(call.func).rpartition(".")[2] for call in captures[id(function)]})
 
     best = max(candidates, key=lambda f: (kinds(f), id(f) not in called, -f.lineno))
-    anchor, mode = _end_of(best, hook)
+    anchor, mode = _end_of(best, hook, calls)
     before = anchor if mode == "after" else _previous(best, anchor)
     target = _handed_over_to(before, scope, module) if before is not None else None
     if target is not None:
-        anchor, mode = _end_of(target, hook)
+        anchor, mode = _end_of(target, hook, calls)
         return target, anchor, mode
     return best, anchor, mode
 
@@ -271,15 +290,17 @@ def _plain_assignment(stmt: ast.stmt) -> bool:
     return False
 
 
-def _place_after_assign(hook: Hook, scope: _Scope, module: dict):
+def _place_after_assign(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
     found = []  # (function, top statement, built value or None)
     for function in scope.functions:
+        # A statement of the function can call a builder only when the function does (most do not).
+        builder = bool(hook.after_calls) and bool(calls.matching(function, hook.after_calls))
         for block, _, _ in walk_blocks(function.body):
             for stmt in block:
                 value = _builds(stmt, function, scope, hook)
                 if value is not None:
                     found.append((function, top_statement(function, stmt), value))
-                elif hook.after_calls and not any(isinstance(_, ast.stmt) for _ in ast.iter_child_nodes(stmt)) and any(
+                elif builder and not any(isinstance(_, ast.stmt) for _ in ast.iter_child_nodes(stmt)) and any(
                     call_matches(name, p) for call in iter_calls(stmt)
                     if (name := dotted_name(call.func)) is not None for p in hook.after_calls
                 ):
@@ -288,7 +309,7 @@ def _place_after_assign(hook: Hook, scope: _Scope, module: dict):
         return None
     function, anchor, value = min(found, key=lambda item: item[1].lineno)
     if value is not None:
-        caller = _caller(function, scope, module)
+        caller = _caller(function, scope, module, calls)
         if caller is not None:
             function, anchor = caller
         else:
@@ -309,12 +330,12 @@ def _place_after_assign(hook: Hook, scope: _Scope, module: dict):
     return function, anchor, "after", value
 
 
-def _caller(function, scope: _Scope, module: dict):
+def _caller(function, scope: _Scope, module: dict, calls: _Calls):
     """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
     for other in scope.functions:
         if other is function:
             continue
-        for call in _calls_in(other):
+        for call in calls(other):
             # The name test first: resolving every call of a 150-method class is most of the search.
             func = call.func
             if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
@@ -324,8 +345,9 @@ def _caller(function, scope: _Scope, module: dict):
     return None
 
 
-def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> dict[str, list[PresentHook]]:
-    """Every hook statement already in the file, by role: generated ones and hand-written ones."""
+def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None) -> dict[str, list[PresentHook]]:
+    """Every hook statement already in the file, by role: generated ones and hand-written ones
+    (`functions`: `functions_of(tree)`, when the caller has listed them)."""
     by_callee: dict[str, list[Hook]] = {}
     for hook in catalog.hooks:
         callee = _callee(hook)
@@ -333,7 +355,7 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts) -> di
             by_callee.setdefault(callee, []).append(hook)
     present: dict[str, list[PresentHook]] = {}
     manager_hooks = [h for h in catalog.hooks if h.scope == "manager"]
-    for cls, function in functions_of(tree):
+    for cls, function in functions_of(tree) if functions is None else functions:
         for block, _, _ in walk_blocks(function.body):
             for stmt in block:
                 call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
@@ -390,12 +412,15 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
     return any(all(part in text for part in pattern.split("*") if part) for pattern in (*hook.assigns, *hook.after_calls))
 
 
-def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None) -> list[HookMatch]:
+def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
+                 classes: list[ast.ClassDef] | None = None, functions=None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
-    lets a file without a hook's names skip the search for its place)."""
-    present = recognise(tree, catalog, imports, facts)
+    lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
+    classes and `functions_of(tree)`, when the caller has listed them)."""
+    present = recognise(tree, catalog, imports, facts, functions)
     module = _module_functions(tree)
-    classes = None  # once per file, not per hook: walking a 3,000-line module costs more than a hook's search
+    calls = _Calls()
+    # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
         match = HookMatch(hook, present=present.get(hook.role, []))
@@ -408,12 +433,12 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
             scopes = _scopes(hook, tree, classes, facts, catalog)
         for scope in scopes:
             if hook.place == "after_capture":
-                found = _place_after_capture(hook, scope, module)
+                found = _place_after_capture(hook, scope, module, calls)
                 if found is not None:
                     function, anchor, mode = found
                     placed.append((scope, function, anchor, mode, ""))
             else:
-                found = _place_after_assign(hook, scope, module)
+                found = _place_after_assign(hook, scope, module, calls)
                 if found is not None:
                     function, anchor, mode, value = found
                     placed.append((scope, function, anchor, mode, value or ""))

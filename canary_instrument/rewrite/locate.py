@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from canary_instrument.rewrite.handwritten import HandWired, last_name, parse_si
 from canary_instrument.rewrite.hooks import HookMatch, locate_hooks
 from canary_instrument.rewrite.roles import Context, resolve, scoped_manager, suggest_entry
 from canary_instrument.rewrite.shapes import (
+    FUNCTIONS,
     ClassFacts,
     Imports,
     call_names,
@@ -30,7 +32,6 @@ from canary_instrument.rewrite.shapes import (
     child_blocks,
     dotted_name,
     function_model_runner,
-    functions_of,
     iter_calls,
     local_aliases,
     loop_index,
@@ -254,42 +255,66 @@ def _locate_with_item(site: Site, method) -> tuple | None:
 
 
 class _Facts:
-    """ClassFacts computed on demand, once per class of the file."""
+    """ClassFacts computed on demand, once per class of the file (given the file's lines, each knows its text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: list[str] | None = None) -> None:
         self._facts: dict[int, ClassFacts] = {}
+        self._lines = lines
 
     def __call__(self, cls: ast.ClassDef) -> ClassFacts:
         facts = self._facts.get(id(cls))
         if facts is None:
-            facts = self._facts[id(cls)] = ClassFacts(cls)
+            lines = self._lines
+            text = "".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
+            facts = self._facts[id(cls)] = ClassFacts(cls, text)
         return facts
 
 
 def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | None = None) -> FileAnalysis:
     """Everything check and the transforms need to know about one parsed file."""
     posix = Path(path).as_posix()
-    imports = Imports(tree)
+    nodes = list(statements(tree))
+    imports = Imports(tree, nodes)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
-    facts = _Facts()
-    classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
+    facts = _Facts(lines)
+    classes = [node for node in nodes if isinstance(node, ast.ClassDef)]
+    functions = [(None, node) for node in tree.body if isinstance(node, FUNCTIONS)] + [
+        (cls, stmt) for cls in classes for stmt in cls.body if isinstance(stmt, FUNCTIONS)
+    ]  # functions_of(tree), listed once for the site and hook searches
+    text = None if lines is None else "".join(lines)
     names = catalog.placeholder_names
 
     def canary(name: str) -> bool:
         return name in names or bool(_CANARY_NAME.match(name))
 
     found: list[SiteMatch] = []
-    for cls, function in functions_of(tree):
-        found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
+    # Sites and stray canary code are canary-named: only a function whose lines name one can hold any.
+    if text is None or "canary" in text or any(name in text for name in names):
+        marked = None if lines is None else _lines_naming(lines, ("canary", *names))
+        for cls, function in functions:
+            if marked is None or _spans_any(marked, function):
+                found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog)
-    result.hooks = locate_hooks(tree, catalog, imports, facts, None if lines is None else "".join(lines))
+    result.hooks = locate_hooks(tree, catalog, imports, facts, text, classes=classes, functions=functions)
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
             result.roles_expected.add(hook.role)
     _collect_members(result, catalog, lines)
     return result
+
+
+def _lines_naming(lines: list[str], words) -> list[int]:
+    """The (1-based) numbers of the lines that hold one of `words`."""
+    words = [w for w in words if not any(other in w for other in words if other != w)]  # `canary` covers `canary_ctx`
+    return [number for number, line in enumerate(lines, 1) if any(word in line for word in words)]
+
+
+def _spans_any(numbers: list[int], function) -> bool:
+    """Whether one of the sorted line `numbers` falls in the lines of `function`."""
+    index = bisect_left(numbers, function.lineno)
+    return index < len(numbers) and numbers[index] <= (function.end_lineno or function.lineno)
 
 
 def _usage(rest: list[ast.stmt], name: str):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 import fnmatch
+from operator import attrgetter
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
@@ -39,6 +40,16 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 # (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
 
+def _pickled_by_fields(cls):
+    """Pickle a frozen dataclass as a call of the class with its field values: a file's facts cross
+    a pipe between check's two processes, and the default for slotted frozen dataclasses (a state
+    restored one field at a time) takes twice as long for the thousands of edges a file holds."""
+    values = attrgetter(*(f.name for f in fields(cls)))
+    cls.__reduce__ = lambda self: (cls, values(self))
+    return cls
+
+
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Edge:
     """A call, or a reference to a function that is passed on or stored, inside one function."""
@@ -49,6 +60,7 @@ class Edge:
     call: bool = True  # False: a function read without a call (a reference to a class is no edge)
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class TriggerCall:
     name: str  # dotted name as written (an alias resolved: `fwd = self.model_runner.model.forward`)
@@ -61,6 +73,7 @@ class TriggerCall:
     passed: tuple[tuple, ...]  # callables given as arguments (what a capture captures)
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class DefFacts:
     qualname: str  # `EagerRunner.execute`, `Runner.capture.<locals>.run_once`, or MODULE
@@ -72,6 +85,7 @@ class DefFacts:
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ClassFacts:
     qualname: str
@@ -80,6 +94,7 @@ class ClassFacts:
     attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ReachFacts:
     """What the tree pass needs to know about one file."""
@@ -147,8 +162,7 @@ class _FactsBuilder:
         self.lines = lines
         self.spans = list(spans)
         self.brackets = catalog.placeholder_names
-        self.triggers = _trigger_matchers(catalog)
-        self.kv_methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
+        self.triggers, self.kv_methods = _matchers(catalog)
         self.kv = catalog.kv_forward
         self.imports: dict[str, str] = {}
         self.top_names: set[str] = set()  # functions and classes defined at module level
@@ -255,56 +269,70 @@ class _FactsBuilder:
         for stmt in stmts:
             self.walk(stmt, scope, cls)
 
-    def walk(self, node, scope: _Scope, cls: str | None) -> None:
-        """Visit `node` as code run by `scope`; `cls` is the class whose body we are in, if any."""
-        kind = type(node)
-        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-            self.function(node, scope, cls)
-            return
-        if kind is ast.ClassDef:
-            self.class_def(node, scope, cls)
-            return
-        if kind is ast.Call:
-            self.call(node, scope)
-        elif kind is ast.Assign:
-            self.assign(node.targets, node.value, None, scope, cls)
-            return
-        elif kind is ast.AnnAssign:
-            self.assign([node.target], node.value, node.annotation, scope, cls)
-            return
-        elif kind is ast.Import or kind is ast.ImportFrom:
-            self.add_import(node)
-            return
-        elif kind is ast.With or kind is ast.AsyncWith:
-            self.bracket(node)
-        elif kind is ast.Return and node.value is not None and not scope.returns:
-            value = node.value
-            while isinstance(value, ast.Subscript):
-                value = value.value  # `return self.runners[step]`: an element of what `runners` holds
-            scope.returns = self.value_types(value, scope)
-        elif kind is ast.Name:
-            if type(node.ctx) is ast.Load:
-                key = (node.id, self.site_at(node))
-                if key not in scope.refs:
-                    scope.refs[key] = node.lineno
-            return
-        elif kind is ast.Attribute:
-            value = node.value
-            if type(node.ctx) is ast.Load and type(value) is ast.Name and value.id == "self":
-                # `self.method` read without a call: a bound method passed on or stored.
-                target = ("self", node.attr)
-                site = self.site_at(node)
-                if (target, site) not in scope.edges:
-                    scope.edges[(target, site)] = Edge(target, node.lineno, site, call=False)
-                return
-        for name in _fields(kind):
-            value = getattr(node, name, None)
-            if type(value) is list:
-                for item in value:
-                    if isinstance(item, ast.AST):
-                        self.walk(item, scope, cls)
-            elif isinstance(value, ast.AST):
-                self.walk(value, scope, cls)
+    def walk(self, root, scope: _Scope, cls: str | None) -> None:
+        """Visit `root` as code run by `scope`; `cls` is the class whose body we are in, if any.
+
+        Nodes are visited in source order (depth first, parents first) from a stack rather than by
+        recursion, which on a large file is most of what the facts cost."""
+        stack = [root]
+        pop, append, extend = stack.pop, stack.append, stack.extend
+        while stack:
+            node = pop()
+            kind = type(node)
+            special = _SPECIAL.get(kind)
+            if special is not None:
+                if special is _CALL:
+                    self.call(node, scope)
+                elif special is _NAME:
+                    if type(node.ctx) is _Load:
+                        key = (node.id, self.site_at(node) if self.spans else None)
+                        if key not in scope.refs:
+                            scope.refs[key] = node.lineno
+                    continue
+                elif special is _ATTRIBUTE:
+                    value = node.value
+                    if type(node.ctx) is _Load and type(value) is _Name and value.id == "self":
+                        # `self.method` read without a call: a bound method passed on or stored.
+                        target = ("self", node.attr)
+                        site = self.site_at(node) if self.spans else None
+                        if (target, site) not in scope.edges:
+                            scope.edges[(target, site)] = Edge(target, node.lineno, site, call=False)
+                        continue
+                elif special is _FUNCTION:
+                    self.function(node, scope, cls)
+                    continue
+                elif special is _CLASS:
+                    self.class_def(node, scope, cls)
+                    continue
+                elif special is _ASSIGN:
+                    if kind is ast.Assign:
+                        self.assign(node.targets, node.value, None, scope, cls)
+                    else:
+                        self.assign([node.target], node.value, node.annotation, scope, cls)
+                    continue
+                elif special is _IMPORT:
+                    self.add_import(node)
+                    continue
+                elif special is _WITH:
+                    self.bracket(node)
+                elif special is _RETURN and node.value is not None and not scope.returns:
+                    value = node.value
+                    while isinstance(value, ast.Subscript):
+                        value = value.value  # `return self.runners[step]`: an element of what `runners` holds
+                    scope.returns = self.value_types(value, scope)
+            elif node is None:
+                continue  # a dict display's `**mapping` key
+            # Children pushed last field first, each list backwards, so that they pop in source order.
+            fields = _RFIELDS.get(kind)
+            if fields is None:
+                _fields(kind)
+                fields = _RFIELDS[kind]
+            for name in fields:
+                value = getattr(node, name, None)
+                if type(value) is list:
+                    extend(value[::-1])
+                elif isinstance(value, _AST):
+                    append(value)
 
     def bracket(self, node) -> None:
         """A `with` holding a canary-named item: what runs inside it (the later items and the body)
@@ -517,17 +545,40 @@ class _FactsBuilder:
         return False
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+# The node kinds the walk treats apart from descending into their children.
+_CALL, _NAME, _ATTRIBUTE, _FUNCTION, _CLASS, _ASSIGN, _IMPORT, _WITH, _RETURN = range(9)
+_SPECIAL = {
+    ast.Call: _CALL, ast.Name: _NAME, ast.Attribute: _ATTRIBUTE, ast.FunctionDef: _FUNCTION,
+    ast.AsyncFunctionDef: _FUNCTION, ast.ClassDef: _CLASS, ast.Assign: _ASSIGN, ast.AnnAssign: _ASSIGN,
+    ast.Import: _IMPORT, ast.ImportFrom: _IMPORT, ast.With: _WITH, ast.AsyncWith: _WITH, ast.Return: _RETURN,
+}
+_AST, _Load, _Name = ast.AST, ast.Load, ast.Name
+# Fields the walk never descends into: annotations run no call; the rest never hold a node.
+_SKIPPED_FIELDS = frozenset(("ctx", "annotation", "returns", "type_comment", "type_params", "id", "attr", "arg",
+                             "asname", "module", "level", "is_async", "conversion", "simple", "kind", "tag",
+                             "kwd_attrs"))
+_FIELDS: dict[type, tuple[str, ...]] = {ast.Constant: (), ast.Global: (), ast.Nonlocal: ()}  # (names: strings)
+_RFIELDS: dict[type, tuple[str, ...]] = {}  # the same, last first
 
 
 def _fields(kind: type) -> tuple[str, ...]:
     """The child fields the walk visits: not `ctx` (Load/Store) nor annotations, which run no call."""
     fields = _FIELDS.get(kind)
     if fields is None:
-        fields = _FIELDS[kind] = tuple(
-            f for f in kind._fields if f not in ("ctx", "annotation", "returns", "type_comment", "type_params")
-        )
+        fields = _FIELDS[kind] = tuple(f for f in kind._fields if f not in _SKIPPED_FIELDS)
+    _RFIELDS.setdefault(kind, fields[::-1])
     return fields
+
+
+_MATCHERS: list = [None, None]  # [catalog, its matchers]: built once per catalog, not once per file
+
+
+def _matchers(catalog: Catalog) -> tuple[list[tuple[re.Pattern, object]], re.Pattern]:
+    """The trigger matchers and the KV-forward method regex of `catalog`."""
+    if _MATCHERS[0] is not catalog:
+        methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
+        _MATCHERS[:] = [catalog, (_trigger_matchers(catalog), methods)]
+    return _MATCHERS[1]
 
 
 def _trigger_matchers(catalog: Catalog) -> list[tuple[re.Pattern, object]]:

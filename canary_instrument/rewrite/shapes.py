@@ -6,8 +6,11 @@ Standard-library `ast` only (`check` uses it).
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 from collections import deque
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
 
@@ -33,27 +36,88 @@ def dotted_name(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+# Fields that never hold a node, left out of the walks below: the ones the walks would only read and
+# drop (`ctx`'s Load/Store marker, names, numbers) cost as much as the nodes they look for.
+_SCALAR_FIELDS = frozenset(
+    ("ctx", "id", "attr", "arg", "asname", "module", "level", "is_async", "conversion", "type_comment", "simple",
+     "kind", "tag", "kwd_attrs")
+)
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {ast.Constant: (), ast.Global: (), ast.Nonlocal: ()}
+_SINGLETON = getattr(ast, "MatchSingleton", None)
+if _SINGLETON is not None:
+    _CHILD_FIELDS[_SINGLETON] = ()
+
+
+def child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node type that can hold child nodes (a node, or a list of nodes and `None`s)."""
+    fields = _CHILD_FIELDS.get(kind)
+    if fields is None:
+        fields = _CHILD_FIELDS[kind] = tuple(f for f in kind._fields if f not in _SCALAR_FIELDS)
+    return fields
+
+
+def walk(node: ast.AST):
+    """`ast.walk(node)` in the same order, without the `ctx` markers (which no finder looks at), at a
+    fraction of its cost: no generator per node, and only the fields that can hold a node are read."""
+    queue = deque([node])
+    popleft, append, extend = queue.popleft, queue.append, queue.extend
+    get = _CHILD_FIELDS.get
+    AST = ast.AST
+    while queue:
+        current = popleft()
+        if current is None:
+            continue  # a dict display's `**mapping` key
+        yield current
+        kind = type(current)
+        for name in get(kind) or child_fields(kind):
+            value = getattr(current, name, None)
+            if type(value) is list:
+                extend(value)
+            elif isinstance(value, AST):
+                append(value)
+
+
 def iter_calls(node: ast.AST, into_functions: bool = False):
     """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped).
 
     `into_functions` also enters nested functions and lambdas (a closure handed to a call runs
     with it), never nested classes.
     """
-    skip = (ast.ClassDef,) if into_functions else SCOPES
-    if isinstance(node, skip):
-        return
+    skip = _CLASS_ONLY if into_functions else _SCOPE_TYPES
     stack = [node]
+    pop, append, extend = stack.pop, stack.append, stack.extend
+    get = _CHILD_FIELDS.get
+    AST, Call = ast.AST, ast.Call
     while stack:
-        current = stack.pop()
-        if isinstance(current, ast.Call):
+        current = pop()
+        kind = type(current)
+        if kind in skip or current is None:
+            continue
+        if kind is Call:
             yield current
-        for child in ast.iter_child_nodes(current):
-            if not isinstance(child, skip):
-                stack.append(child)
+        for name in get(kind) or child_fields(kind):
+            value = getattr(current, name, None)
+            if type(value) is list:
+                extend(value)
+            elif isinstance(value, AST):
+                append(value)
+
+
+_SCOPE_TYPES = frozenset(SCOPES)
+_CLASS_ONLY = frozenset((ast.ClassDef,))
 
 
 def call_names(node: ast.AST, into_functions: bool = False) -> list[str]:
     return [name for call in iter_calls(node, into_functions) if (name := dotted_name(call.func)) is not None]
+
+
+@lru_cache(maxsize=None)
+def calls_matcher(patterns: tuple[str, ...]):
+    """A test of a dotted call name: true when `call_matches` holds for one of `patterns` (one regex,
+    not two `fnmatchcase` per pattern: finders test every call of a class)."""
+    parts = [fnmatch.translate(p) for pattern in patterns for p in (pattern, "*." + pattern)]
+    regex = re.compile("|".join(f"(?:{part})" for part in parts) or "(?!)")
+    return lambda name: regex.match(name) is not None
 
 
 def matched_patterns(names, patterns) -> set[str]:
@@ -65,29 +129,57 @@ def calls_any(node: ast.AST, patterns) -> bool:
     return bool(matched_patterns(call_names(node), patterns))
 
 
+_BLOCK_FIELDS: dict[type, tuple[tuple[str, ...], bool, bool]] = {}  # per node type: block fields, handlers, cases
+
+
 def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     """The statement lists nested directly in a compound statement."""
+    kind = type(stmt)
+    shape = _BLOCK_FIELDS.get(kind)
+    if shape is None:
+        fields = getattr(kind, "_fields", ())
+        shape = _BLOCK_FIELDS[kind] = (
+            tuple(name for name in ("body", "orelse", "finalbody") if name in fields),
+            "handlers" in fields,
+            "cases" in fields,
+        )
+    names, handlers, cases = shape
+    if not names and not handlers and not cases:
+        return []  # a simple statement (most of them): nothing to look up
     blocks = []
-    for name in ("body", "orelse", "finalbody"):
+    for name in names:
         block = getattr(stmt, name, None)
         if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
             blocks.append(block)
-    for handler in getattr(stmt, "handlers", ()):
-        blocks.append(handler.body)
-    for case in getattr(stmt, "cases", ()):
-        blocks.append(case.body)
+    if handlers:
+        for handler in stmt.handlers:
+            blocks.append(handler.body)
+    if cases:
+        for case in stmt.cases:
+            blocks.append(case.body)
     return blocks
 
 
+_FOR_TYPES = frozenset((ast.For, ast.AsyncFor))
+
+
 def walk_blocks(block, loops=(), owner=None):
-    """Yield (block, owner statement, enclosing for-loops) for a block and every block nested in it."""
-    yield block, owner, loops
-    for stmt in block:
-        if isinstance(stmt, SCOPES):
-            continue
-        inner_loops = loops + (stmt,) if isinstance(stmt, (ast.For, ast.AsyncFor)) else loops
-        for child in child_blocks(stmt):
-            yield from walk_blocks(child, inner_loops, stmt)
+    """Yield (block, owner statement, enclosing for-loops) for a block and every block nested in it,
+    parents first, in source order."""
+    stack = [(block, owner, loops)]
+    while stack:
+        block, owner, loops = stack.pop()
+        yield block, owner, loops
+        nested = []
+        for stmt in block:
+            kind = type(stmt)
+            if kind in _SCOPE_TYPES:
+                continue
+            children = child_blocks(stmt)
+            if children:
+                inner_loops = loops + (stmt,) if kind in _FOR_TYPES else loops
+                nested.extend((child, stmt, inner_loops) for child in children)
+        stack.extend(reversed(nested))
 
 
 def block_of(function, stmt) -> list[ast.stmt] | None:
@@ -100,7 +192,7 @@ def block_of(function, stmt) -> list[ast.stmt] | None:
 def top_statement(function, node) -> ast.stmt | None:
     """The statement of `function.body` (top level) that holds `node`."""
     for stmt in function.body:
-        if any(child is node for child in ast.walk(stmt)):
+        if any(child is node for child in walk(stmt)):
             return stmt
     return None
 
@@ -157,9 +249,10 @@ def first_statement(function) -> ast.stmt:
 class Imports:
     """Local names bound by imports, resolved to qualified names (`cl` -> `contextlib`)."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, nodes=None) -> None:
+        """`nodes`: `statements(tree)`, when the caller has listed them."""
         self.names: dict[str, str] = {}
-        for node in statements(tree):
+        for node in statements(tree) if nodes is None else nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -198,7 +291,7 @@ def same_code(node: ast.AST, text: str) -> bool:
 def local_aliases(function) -> dict[str, str]:
     """Locals assigned a dotted name (`mr = self.model_runner` -> {"mr": "self.model_runner"})."""
     aliases = {}
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = dotted_name(node.value)
             if value is not None and "()" not in value:
@@ -221,7 +314,7 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
         annotation = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else ""
         if _names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
             return arg.arg
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = dotted_name(node.value)
             name = node.targets[0].id
@@ -231,46 +324,116 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
     return None
 
 
-class ClassFacts:
-    """What a class refers to and calls, computed once per class and only when a finder asks."""
+def _fragments(pattern: str) -> list[str]:
+    """The runs of identifier characters that every name matching a shell-style `pattern` holds
+    (`*capture_*_graph` -> capture_, _graph); a bracket expression stands for one unknown character."""
+    return re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "*", pattern))
 
-    def __init__(self, cls: ast.ClassDef) -> None:
+
+def may_name(text: str | None, patterns) -> bool:
+    """False when `text` (source code) cannot hold a name matching any of `patterns`: some run of
+    identifier characters of each pattern is missing from it. True when unsure (no text)."""
+    if text is None:
+        return True
+    return any(all(part in text for part in _fragments(pattern)) for pattern in patterns)
+
+
+class ClassFacts:
+    """What a class refers to and calls, computed once per class and only when a finder asks.
+
+    `text` (the class's source lines) lets a question about names the class never spells be answered
+    without walking it: a file's classes are asked about on every hook search, and most cannot matter.
+    """
+
+    def __init__(self, cls: ast.ClassDef, text: str | None = None) -> None:
         self.node = cls
+        self.text = text
+        self.methods = {stmt.name: stmt for stmt in cls.body if isinstance(stmt, FUNCTIONS)}
+        self._refs: set[str] | None = None
+        self._calls: list[str] | None = None
+
+    @property
+    def refs(self) -> set[str]:
+        """Every dotted name the class's code reads or writes (`self.a.b`, `self.a`, `self`), nested classes aside."""
+        if self._refs is None:
+            self._collect()
+        return self._refs
+
+    @property
+    def calls(self) -> list[str]:
+        """The dotted name of every call in the class's code, nested classes aside."""
+        if self._calls is None:
+            self._collect()
+        return self._calls
+
+    def _collect(self) -> None:
         refs: set[str] = set()
         calls: list[str] = []
-        stack = list(cls.body)
+        stack = list(self.node.body)
+        pop, append, extend = stack.pop, stack.append, stack.extend
+        get = _CHILD_FIELDS.get
+        AST, Attribute, Name, Call, ClassDef = ast.AST, ast.Attribute, ast.Name, ast.Call, ast.ClassDef
         while stack:
-            node = stack.pop()
-            if isinstance(node, ast.ClassDef):
+            node = pop()
+            kind = type(node)
+            if kind is ClassDef or node is None:
                 continue
-            if isinstance(node, (ast.Attribute, ast.Name)):
+            if kind is Attribute:
+                # A chain `self.a.b` on a name holds nothing but its prefixes (`self.a`, `self`): add
+                # them all here rather than naming each link again from its root.
+                parts = []
+                root = node
+                while type(root) is Attribute:
+                    parts.append(root.attr)
+                    root = root.value
+                if type(root) is Name:
+                    name = root.id
+                    refs.add(name)
+                    for part in reversed(parts):
+                        name = f"{name}.{part}"
+                        refs.add(name)
+                    continue
                 name = dotted_name(node)
                 if name is not None:
                     refs.add(name)
-            if isinstance(node, ast.Call) and (name := dotted_name(node.func)) is not None:
+            elif kind is Name:
+                refs.add(node.id)
+            elif kind is Call and (name := dotted_name(node.func)) is not None:
                 calls.append(name)
-            stack.extend(ast.iter_child_nodes(node))
-        self.refs = refs
-        self.calls = calls
-        self.methods = {stmt.name: stmt for stmt in cls.body if isinstance(stmt, FUNCTIONS)}
+            for field_name in get(kind) or child_fields(kind):
+                value = getattr(node, field_name, None)
+                if type(value) is list:
+                    extend(value)
+                elif isinstance(value, AST):
+                    append(value)
+        self._refs = refs
+        self._calls = calls
 
     def reaches(self, owner: str) -> bool:
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""
         if owner == "self":
             return True
+        if not may_name(self.text, [owner]):
+            return False
         return any(ref == owner or ref.startswith(owner + ".") for ref in self.refs)
 
     def refers_to(self, patterns) -> bool:
+        if not may_name(self.text, patterns):
+            return False
         return any(fnmatchcase(ref, pattern) for ref in self.refs for pattern in patterns)
 
     def is_model_runner(self, shape: ModelRunnerShape) -> bool:
         """It calls the raw forward, or is named as the model runner type (a runner whose forward moved)."""
-        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls) or any(
-            fnmatchcase(self.node.name, pattern) for pattern in shape.types
-        )
+        if any(fnmatchcase(self.node.name, pattern) for pattern in shape.types):
+            return True
+        if not may_name(self.text, shape.class_calls):
+            return False
+        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls)
 
     def held_model_runner(self, shape: ModelRunnerShape) -> str | None:
         """The most used `self....model_runner` chain of a class that holds a model runner, else None."""
+        if not may_name(self.text, shape.names):
+            return None
         counts: dict[str, int] = {}
         for ref in self.refs:
             parts = ref.split(".")
