@@ -8,7 +8,6 @@ walk (`check.check_tree`), which also follows forward paths between files and ke
 from __future__ import annotations
 
 import ast
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,8 @@ class FileChange:
     def diff(self) -> str:
         old = self.old.decode(self.encoding).splitlines(keepends=True)
         new = self.new.decode(self.encoding).splitlines(keepends=True)
+        import difflib  # here, not at the top: check, a pre-commit gate, never prints a diff
+
         return "".join(difflib.unified_diff(old, new, f"a/{self.path}", f"b/{self.path}"))
 
 
