@@ -502,14 +502,14 @@ class _FactsBuilder:
     def call(self, node: ast.Call, scope: _Scope) -> None:
         func = node.func
         target = self.call_target(func, scope)
-        site = self.site_at(node)
+        site = self.site_at(node) if self.spans else None
         dotted = _dotted(func)
         if isinstance(func, ast.Name) and (alias := _lookup(scope, "aliases", func.id)) is not None:
             dotted = alias[1]
         final = dotted.rpartition(".")[2] if dotted else None
         trigger = None
-        if dotted is not None:
-            trigger = next((t for regex, t in self.triggers if regex.match(dotted)), None)
+        if dotted is not None and (match := self.triggers[0].match(dotted)) is not None:
+            trigger = self.triggers[1][match.lastgroup]
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
@@ -573,7 +573,7 @@ def _fields(kind: type) -> tuple[str, ...]:
 _MATCHERS: list = [None, None]  # [catalog, its matchers]: built once per catalog, not once per file
 
 
-def _matchers(catalog: Catalog) -> tuple[list[tuple[re.Pattern, object]], re.Pattern]:
+def _matchers(catalog: Catalog) -> tuple[tuple[re.Pattern, dict[str, object]], re.Pattern]:
     """The trigger matchers and the KV-forward method regex of `catalog`."""
     if _MATCHERS[0] is not catalog:
         methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
@@ -581,13 +581,17 @@ def _matchers(catalog: Catalog) -> tuple[list[tuple[re.Pattern, object]], re.Pat
     return _MATCHERS[1]
 
 
-def _trigger_matchers(catalog: Catalog) -> list[tuple[re.Pattern, object]]:
-    """One compiled regex per trigger for `call_matches` over all its patterns (called once per call)."""
-    out = []
-    for trigger in catalog.triggers:
+def _trigger_matchers(catalog: Catalog) -> tuple[re.Pattern, dict[str, object]]:
+    """One regex for `call_matches` over every trigger's patterns (tried once per call), a named group
+    per trigger, and the triggers by group name: the first trigger in catalog order whose patterns
+    match is the group that matches (alternatives are tried in order, each to the end of the name)."""
+    groups = []
+    by_group = {}
+    for index, trigger in enumerate(catalog.triggers):
         parts = [fnmatch.translate(p) for pattern in trigger.calls for p in (pattern, "*." + pattern)]
-        out.append((re.compile("|".join(f"(?:{part})" for part in parts)), trigger))
-    return out
+        groups.append(f"(?P<t{index}>{'|'.join(f'(?:{part})' for part in parts)})")
+        by_group[f"t{index}"] = trigger
+    return re.compile("|".join(groups) or "(?!)"), by_group
 
 
 def _lookup(scope: _Scope, table: str, name: str):
