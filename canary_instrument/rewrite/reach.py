@@ -12,10 +12,9 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from dataclasses import dataclass, fields
 import fnmatch
-from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from canary_instrument.catalog import Catalog
 
@@ -40,18 +39,16 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 # (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
 
-def _pickled_by_fields(cls):
-    """Pickle a frozen dataclass as a call of the class with its field values: a file's facts cross
-    a pipe between check's two processes, and the default for slotted frozen dataclasses (a state
-    restored one field at a time) takes twice as long for the thousands of edges a file holds."""
-    values = attrgetter(*(f.name for f in fields(cls)))
-    cls.__reduce__ = lambda self: (cls, values(self))
+def _pickled_as_call(cls):
+    """Pickle a record as a call of its class with its fields: a file's facts cross a pipe between
+    check's two processes, and the default (through copyreg and `__getnewargs__`) takes half as long
+    again for the thousands of edges a file holds."""
+    cls.__reduce__ = lambda self: (cls, tuple(self))
     return cls
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class Edge:
+@_pickled_as_call
+class Edge(NamedTuple):
     """A call, or a reference to a function that is passed on or stored, inside one function."""
 
     target: tuple
@@ -60,9 +57,8 @@ class Edge:
     call: bool = True  # False: a function read without a call (a reference to a class is no edge)
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class TriggerCall:
+@_pickled_as_call
+class TriggerCall(NamedTuple):
     name: str  # dotted name as written (an alias resolved: `fwd = self.model_runner.model.forward`)
     kind: str  # "forward" | "graph"
     what: str
@@ -73,9 +69,8 @@ class TriggerCall:
     passed: tuple[tuple, ...]  # callables given as arguments (what a capture captures)
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class DefFacts:
+@_pickled_as_call
+class DefFacts(NamedTuple):
     qualname: str  # `EagerRunner.execute`, `Runner.capture.<locals>.run_once`, or MODULE
     cls: str | None  # qualified name of the class it is a method of
     line: int
@@ -85,18 +80,16 @@ class DefFacts:
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class ClassFacts:
+@_pickled_as_call
+class ClassFacts(NamedTuple):
     qualname: str
     line: int
     bases: tuple[str, ...]  # qualified names
     attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class ReachFacts:
+@_pickled_as_call
+class ReachFacts(NamedTuple):
     """What the tree pass needs to know about one file."""
 
     module: str  # dotted path of the file (folders and stem), what its own qualified names start with
