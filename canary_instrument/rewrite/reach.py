@@ -12,10 +12,9 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from dataclasses import dataclass, fields
 import fnmatch
-from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from canary_instrument.catalog import Catalog
 
@@ -40,18 +39,16 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 # (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
 
 
-def _pickled_by_fields(cls):
-    """Pickle a frozen dataclass as a call of the class with its field values: a file's facts cross
-    a pipe between check's two processes, and the default for slotted frozen dataclasses (a state
-    restored one field at a time) takes twice as long for the thousands of edges a file holds."""
-    values = attrgetter(*(f.name for f in fields(cls)))
-    cls.__reduce__ = lambda self: (cls, values(self))
+def _pickled_as_call(cls):
+    """Pickle a record as a call of its class with its fields: a file's facts cross a pipe between
+    check's two processes, and the default (through copyreg and `__getnewargs__`) takes half as long
+    again for the thousands of edges a file holds."""
+    cls.__reduce__ = lambda self: (cls, tuple(self))
     return cls
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class Edge:
+@_pickled_as_call
+class Edge(NamedTuple):
     """A call, or a reference to a function that is passed on or stored, inside one function."""
 
     target: tuple
@@ -60,9 +57,8 @@ class Edge:
     call: bool = True  # False: a function read without a call (a reference to a class is no edge)
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class TriggerCall:
+@_pickled_as_call
+class TriggerCall(NamedTuple):
     name: str  # dotted name as written (an alias resolved: `fwd = self.model_runner.model.forward`)
     kind: str  # "forward" | "graph"
     what: str
@@ -73,9 +69,8 @@ class TriggerCall:
     passed: tuple[tuple, ...]  # callables given as arguments (what a capture captures)
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class DefFacts:
+@_pickled_as_call
+class DefFacts(NamedTuple):
     qualname: str  # `EagerRunner.execute`, `Runner.capture.<locals>.run_once`, or MODULE
     cls: str | None  # qualified name of the class it is a method of
     line: int
@@ -85,18 +80,16 @@ class DefFacts:
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class ClassFacts:
+@_pickled_as_call
+class ClassFacts(NamedTuple):
     qualname: str
     line: int
     bases: tuple[str, ...]  # qualified names
     attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
 
 
-@_pickled_by_fields
-@dataclass(frozen=True, slots=True)
-class ReachFacts:
+@_pickled_as_call
+class ReachFacts(NamedTuple):
     """What the tree pass needs to know about one file."""
 
     module: str  # dotted path of the file (folders and stem), what its own qualified names start with
@@ -502,14 +495,14 @@ class _FactsBuilder:
     def call(self, node: ast.Call, scope: _Scope) -> None:
         func = node.func
         target = self.call_target(func, scope)
-        site = self.site_at(node)
+        site = self.site_at(node) if self.spans else None
         dotted = _dotted(func)
         if isinstance(func, ast.Name) and (alias := _lookup(scope, "aliases", func.id)) is not None:
             dotted = alias[1]
         final = dotted.rpartition(".")[2] if dotted else None
         trigger = None
-        if dotted is not None:
-            trigger = next((t for regex, t in self.triggers if regex.match(dotted)), None)
+        if dotted is not None and (match := self.triggers[0].match(dotted)) is not None:
+            trigger = self.triggers[1][match.lastgroup]
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
@@ -573,7 +566,7 @@ def _fields(kind: type) -> tuple[str, ...]:
 _MATCHERS: list = [None, None]  # [catalog, its matchers]: built once per catalog, not once per file
 
 
-def _matchers(catalog: Catalog) -> tuple[list[tuple[re.Pattern, object]], re.Pattern]:
+def _matchers(catalog: Catalog) -> tuple[tuple[re.Pattern, dict[str, object]], re.Pattern]:
     """The trigger matchers and the KV-forward method regex of `catalog`."""
     if _MATCHERS[0] is not catalog:
         methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
@@ -581,13 +574,17 @@ def _matchers(catalog: Catalog) -> tuple[list[tuple[re.Pattern, object]], re.Pat
     return _MATCHERS[1]
 
 
-def _trigger_matchers(catalog: Catalog) -> list[tuple[re.Pattern, object]]:
-    """One compiled regex per trigger for `call_matches` over all its patterns (called once per call)."""
-    out = []
-    for trigger in catalog.triggers:
+def _trigger_matchers(catalog: Catalog) -> tuple[re.Pattern, dict[str, object]]:
+    """One regex for `call_matches` over every trigger's patterns (tried once per call), a named group
+    per trigger, and the triggers by group name: the first trigger in catalog order whose patterns
+    match is the group that matches (alternatives are tried in order, each to the end of the name)."""
+    groups = []
+    by_group = {}
+    for index, trigger in enumerate(catalog.triggers):
         parts = [fnmatch.translate(p) for pattern in trigger.calls for p in (pattern, "*." + pattern)]
-        out.append((re.compile("|".join(f"(?:{part})" for part in parts)), trigger))
-    return out
+        groups.append(f"(?P<t{index}>{'|'.join(f'(?:{part})' for part in parts)})")
+        by_group[f"t{index}"] = trigger
+    return re.compile("|".join(groups) or "(?!)"), by_group
 
 
 def _lookup(scope: _Scope, table: str, name: str):

@@ -8,7 +8,6 @@ walk (`check.check_tree`), which also follows forward paths between files and ke
 from __future__ import annotations
 
 import ast
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
 from canary_instrument.rewrite.locate import FileAnalysis, analyse
-from canary_instrument.rewrite.plan import PlanNotApplied
 from canary_instrument.rewrite.prefilter import SITES, Prefilter
 
 
@@ -54,6 +52,8 @@ class FileChange:
     def diff(self) -> str:
         old = self.old.decode(self.encoding).splitlines(keepends=True)
         new = self.new.decode(self.encoding).splitlines(keepends=True)
+        import difflib  # here, not at the top: check, a pre-commit gate, never prints a diff
+
         return "".join(difflib.unified_diff(old, new, f"a/{self.path}", f"b/{self.path}"))
 
 
@@ -177,6 +177,8 @@ def run_transform(
     verify: Callable[[ParsedFile, str], None] | None = None,
 ) -> RunResult:
     """Plan each candidate file, apply the plan with libcst, verify, and write (atomically) if asked."""
+    from canary_instrument.rewrite.plan import PlanNotApplied  # the transforms' module: check never needs it
+
     result = RunResult(written=write)
     for path in candidates(paths, catalog, result):
         try:
