@@ -9,8 +9,13 @@ One forward step runs four phases, enforced in order once init has finished:
 3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check).
 4. post-ops outside (``with_ops_outside_graph`` exit): count the step, run what is due at step
    end (a perturbation of the idle cache, an idle-cache sweep slice, the SWA divergence counts),
-   read the snapshots whose copies have completed (one step late, never waiting), start this
-   step's snapshot copy.
+   then read results with no device op: every post-forward pass leaves the status vector in
+   host-visible memory (``state.published``, pinned host memory on CUDA) and, in one 8-byte word,
+   the pair (violations recorded, post-forward passes run); the host reads that word at every
+   step end and fetches the violation ring only when the count moved (the rare path). Every
+   ``readback_interval`` steps, and on steps whose stats or SWA line is due, a tagged snapshot
+   (one async copy and an event, read when complete, never waited for) feeds the health check,
+   the stats line and the SWA line.
 
 Before init has finished (warm-up, graph capture) the inside ops still launch, so capture
 records them, but the device enable flag is 0 and they do nothing; those forwards are not
@@ -26,6 +31,8 @@ The stats line and the enable warning (``stats.py``) are fed from the snapshots 
 from __future__ import annotations
 
 import logging
+import contextlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional
 
@@ -36,7 +43,8 @@ from canary_instrument.runtime.settings import CanarySettings
 from canary_instrument.runtime.state import CanaryState, PlanInputs
 from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
-from canary_instrument.runtime.violations import Violation, decode_records
+from canary_instrument.runtime.state import KERNEL_SWEEP
+from canary_instrument.runtime.violations import Violation
 
 logger = logging.getLogger("canary_instrument.runtime")
 
@@ -60,6 +68,13 @@ _SWEEP = slice(_AT["sweep_launches"], _AT["sweep_entries"] + 1)
 _IDLE, _PLANNED, _PRE_DONE, _POST_DONE = "idle", "planned", "pre-ops done", "post-ops done"
 
 _MAX_KEPT_VIOLATIONS = 100_000  # violations kept for flush(); older ones only counted
+_PACKED = len(STATUS)  # first packed (ring_count, post_runs) word of the published mirror
+# Packed-word slots: pass number p publishes into slot p % _PUBLISH_SLOTS, so a host that reads a few
+# steps late (or after a multi-step EAGLE draft) still finds every pass's word.
+_PUBLISH_SLOTS = 64
+_LOW32 = 0xFFFFFFFF
+_STEPS_REMEMBERED = 256  # steps whose post-forward totals label violations read late
+_NULL = contextlib.nullcontext()  # reusable: a site without a manager enters nothing
 
 
 @dataclass(frozen=True)
@@ -161,9 +176,16 @@ class CanaryManager:
         self.enabled = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._status = torch.zeros(len(STATUS), dtype=torch.int64, device=self.device)
         state.ring = torch.zeros((settings.ring_size, 8), dtype=torch.int64, device=self.device)
+        state.status = self._status
         state.ring_count = self._status[_RING_COUNT]
         state.counters = self._status[_COUNTERS]
         state.group_verified = self._status[_GROUP_VERIFIED]
+        # The host-visible mirror the post-forward passes publish into: pinned host memory on CUDA
+        # (the kernels store to it through its mapped address), read here with numpy, no torch op.
+        cuda = self.device.type == "cuda"
+        state.published = torch.zeros(len(STATUS) + _PUBLISH_SLOTS, dtype=torch.int64, pin_memory=cuda)
+        state.publish_done = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._published = state.published.numpy()
         self._sampled = sampled_tokens
         state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
         self.state = state
@@ -174,6 +196,12 @@ class CanaryManager:
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
+        # (post-forward passes planned by the end of a step, that step) for the last steps: labels the
+        # violations the published word reveals with the step of the forward that revealed them.
+        self._forward_steps: deque = deque(maxlen=_STEPS_REMEMBERED)
+        self._sweep_steps: deque = deque(maxlen=_STEPS_REMEMBERED)  # steps that launched a sweep slice
+        self._sites: dict = {}  # (listing key, active) -> a reusable _Site
+        self._read_passes = 0  # post-forward passes whose published word has been read
         self._readback_interval = settings.readback_interval
         self._group = process_group
         self._world = 1
@@ -279,6 +307,29 @@ class CanaryManager:
         """Plan the listed sub-forwards before the block; read results and snapshot after it."""
         return _OutsideGraph(self, single_forward_indices, maybe_inaccurate_forward_batch)
 
+    def site_context(self, forward_batch: Any = None, outside: Any = None, active: Optional[int] = None) -> Any:
+        """One wired site's context (``wiring.canary_context``): the outside-graph phases of the listed
+        sub-forwards and/or the active sub-forward, in one reusable object per (listing, active), so a
+        step builds nothing and enters one context instead of two inside a tuple."""
+        if outside is None and active is None:
+            return _NULL
+        if type(outside) is list and len(outside) == 1:
+            key = (outside[0], active)
+        elif outside is None or type(outside) is range:
+            key = (outside, active)
+        else:
+            key = (tuple(outside), active)
+        try:
+            site = self._sites.get(key)
+        except TypeError:  # an unhashable listing: validated on entry like any other
+            site, key = None, None
+        if site is None or site._busy:
+            site = _Site(self, outside, active)
+            if key is not None and key not in self._sites and len(self._sites) < 256:
+                self._sites[key] = site
+        site._batch = forward_batch
+        return site
+
     def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
         """The sub-forward managers of a listing; validated once per distinct listing."""
         key = single_forward_indices
@@ -348,11 +399,12 @@ class CanaryManager:
     def _last(self) -> CanaryStats:
         if self._last_stats is None:
             if self._last_values is None:
-                self._last_stats = CanaryStats(0, 0, 0, 0, 0, 0, 0)
+                self._last_stats = CanaryStats(0, 0, 0, 0, 0, 0, self._seen)
             else:
                 count, pre_runs, post_runs, verified, written = (int(v) for v in self._last_values[:5])
+                # Violations read from the published words may be ahead of the snapshot.
                 self._last_stats = CanaryStats(self._last_step, written // self._rows_per_token, verified, written,
-                                               pre_runs, post_runs, count)
+                                               pre_runs, post_runs, max(count, self._seen))
         return self._last_stats
 
     # ------------------------------------------------------------------ phases
@@ -416,6 +468,8 @@ class CanaryManager:
         if not ok:
             return
         self._step += 1
+        if planned:
+            self._forward_steps.append((self._planned, self._step))
         self._step_end(forward_batch)
 
     def _step_end(self, forward_batch: Any) -> None:
@@ -424,20 +478,17 @@ class CanaryManager:
         if self.perturber is not None:
             self.perturber.at_step_end(_View(step, self.radix_cache))
         sweeper = self.sweeper
+        stats_due = self._stats_interval != 0 and step % self._stats_interval == 0
         progress = None
         if sweeper is not None:
-            sweeper.maybe_sweep(step, self.radix_cache)
-            if self._stats_interval and step % self._stats_interval == 0:
+            if sweeper.maybe_sweep(step, self.radix_cache):
+                self._sweep_steps.append(step)
+            if stats_due:
                 p = sweeper.progress
                 progress = (p.passes, p.pass_rows)
         swa_due = self._swa_interval != 0 and step % self._swa_interval == 0
         if swa_due:
             self._status[_SWA].copy_(self._swa_on_device(forward_batch))
-        self._readback_and_report(_Tag(step, self._planned, swa_due, progress))
-
-    # ------------------------------------------------------------------ reading results
-
-    def _readback_and_report(self, tag: _Tag) -> None:
         readback = self._readback
         # Earlier steps' snapshots whose copies have completed (normally just the last one taken).
         while readback.pending():
@@ -445,13 +496,55 @@ class CanaryManager:
             if snapshot is None:
                 break
             self._process(snapshot)
-        # A snapshot every `readback_interval` steps (each is a copy and an event record: CUDA calls
-        # that contend with the graph launch's submission), and on steps whose SWA or stats line is due.
-        step = tag.step
-        stats = self._stats_interval
-        if step % self._readback_interval == 0 or tag.swa_due or (stats and step % stats == 0):
-            readback.take(tag)
+        self._poll_published()
+        # A tagged snapshot every `readback_interval` steps (a copy and an event record: CUDA calls),
+        # and on steps whose SWA or stats line is due.
+        if step % self._readback_interval == 0 or swa_due or stats_due:
+            readback.take(_Tag(step, self._planned, swa_due, progress))
         self._after_step(step)
+
+    # ------------------------------------------------------------------ reading results
+
+    def _poll_published(self) -> None:
+        """Read the packed word of every post-forward pass published since the last read, in pass order;
+        fetch the ring only where a pass's violation count moved (the rare path)."""
+        published = self._published
+        passes = self._read_passes
+        while passes < self._planned:
+            nxt = passes + 1
+            word = int(published[_PACKED + nxt % _PUBLISH_SLOTS])
+            # Both halves are the device's cumulative counts modulo 2**32.
+            number = (word >> 32) & _LOW32
+            behind = (number - nxt) & _LOW32
+            if behind >= 1 << 31:
+                break  # pass nxt has not published yet
+            if behind:
+                # Read too late: the slot holds a later pass (64 passes since the last read). Its count
+                # covers the passes skipped; their violations get its step.
+                nxt += behind
+            passes = nxt
+            ahead = ((word & _LOW32) - self._seen) & _LOW32
+            if ahead and ahead < 1 << 31:  # a snapshot may have read further already
+                self._read_violations(self._seen + ahead, self._step_of_forward(nxt), None)
+        self._read_passes = passes
+
+    def _step_of_forward(self, post_runs: int) -> int:
+        """The step whose forwards include post-forward pass number ``post_runs`` (the current step when
+        it is older than the steps remembered or not counted yet)."""
+        for planned, step in self._forward_steps:
+            if planned >= post_runs:
+                return step
+        return self._step
+
+    def _sweep_step_before(self, step: int) -> int:
+        """The last step before ``step`` that launched a sweep slice: a sweep runs at the end of its
+        step, so the first forward that can reveal its records is the next step's."""
+        found = step
+        for swept in self._sweep_steps:
+            if swept >= step:
+                break
+            found = swept
+        return found
 
     def _drain(self, final: bool) -> None:
         import torch
@@ -460,6 +553,7 @@ class CanaryManager:
             torch.cuda.current_stream(self.device).synchronize()
         while self._readback.pending():
             self._process(self._readback.harvest(wait=True))
+        self._poll_published()
         if final:
             self._readback.take(_Tag(self._step, self._planned, False))
             self._process(self._readback.harvest(wait=True))
@@ -471,15 +565,8 @@ class CanaryManager:
         self._last_values = values.copy()
         self._last_step = tag.step
         self._last_stats = None
-        if count != self._seen:
-            ring = self._readback.read_ring(snapshot)
-            ring_size = ring.shape[0]
-            first = max(self._seen, count - ring_size)
-            rows = [ring[i % ring_size].tolist() for i in range(first, count)]
-            violations = decode_records(rows, tag.step)
-            dropped = first - self._seen
-            self._seen = count
-            self._report(violations, dropped, tag.step)
+        if count > self._seen:
+            self._read_violations(count, tag.step, snapshot)
         if tag.planned and (pre_runs < tag.planned or post_runs < tag.planned) and self._unhealthy is None:
             self._unhealthy = (
                 f"kv canary health check failed at step {tag.step}: {tag.planned} canary sub-forwards were planned "
@@ -509,6 +596,19 @@ class CanaryManager:
         if interval and tag.step // interval > self._stats_logged_step // interval:
             self._stats_logged_step = tag.step
             logger.info("%s", self.stats_line(tag).format())
+
+    def _read_violations(self, count: int, step: int, snapshot: Optional[Snapshot]) -> None:
+        """Decode ring records [seen, count) as violations of ``step`` (sweep records: of the sweep's step)."""
+        ring = self._readback.read_ring(snapshot)
+        ring_size = ring.shape[0]
+        first = max(self._seen, count - ring_size)
+        rows = [ring[i % ring_size].tolist() for i in range(first, count)]
+        sweep_step = self._sweep_step_before(step) if snapshot is None and self._sweep_steps else step
+        violations = [Violation.from_record(row, sweep_step if row[0] == KERNEL_SWEEP else step) for row in rows]
+        dropped = first - self._seen
+        self._seen = count
+        self._last_stats = None
+        self._report(violations, dropped, step)
 
     def stats_line(self, tag: Optional[_Tag] = None) -> StatsLine:
         """The ``kv_canary_stats=`` line of the last snapshot read (sweep progress as of ``tag``, else now)."""
@@ -568,6 +668,7 @@ class CanaryManager:
 
         from canary_instrument.runtime.distributed import combine
 
+        # Violations read from the published words may be ahead of the last snapshot's count.
         reports = combine(self._group, self._last.violations, self._unhealthy is not None, self._last.written)
         total = sum(r.violations for r in reports)
         new_violations = total > self._violations_seen_by_ranks
@@ -617,6 +718,76 @@ class _ActiveForward:
     def __exit__(self, *exc_info: Any) -> bool:
         self._manager._active = None
         return False
+
+
+class _Site:
+    """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
+    entered and left as the nested pair would be, with no objects made per step."""
+
+    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_planned", "_batch", "_busy")
+
+    def __init__(self, manager: CanaryManager, outside: Any, active: Optional[int]):
+        self._manager = manager
+        self._outside = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
+        self._active = active
+        self._sfms: Optional[list] = None  # the listing's sub-forward managers, resolved on first entry
+        self._planned = 0
+        self._batch: Any = None
+        self._busy = False
+
+    def __enter__(self) -> Any:
+        manager = self._manager
+        self._busy = True
+        try:
+            if self._outside is not None:
+                if manager._outside_open:
+                    raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
+                sfms = self._sfms
+                if sfms is None:
+                    sfms = self._sfms = manager._listed(self._outside)
+                manager._outside_open = True
+                try:
+                    self._planned = manager._pre_ops_outside_graph(sfms, self._batch) if manager.init_finished else 0
+                except BaseException:
+                    manager._outside_open = False
+                    raise
+            if self._active is None:
+                return None
+            try:
+                sfm = manager._sub_forward(self._active)
+                if manager._active is not None:
+                    raise CanaryWiringError(
+                        f"kv canary: with_active_single_forward_manager({self._active}) nested inside "
+                        f"with_active_single_forward_manager({manager._active.index})"
+                    )
+            except BaseException as err:
+                if self._outside is not None:
+                    self._leave_outside(type(err))
+                raise
+            manager._active = sfm
+            return sfm
+        except BaseException:
+            self._busy = False
+            self._batch = None
+            raise
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        try:
+            if self._active is not None:
+                self._manager._active = None
+            if self._outside is not None:
+                self._leave_outside(exc_type)
+        finally:
+            self._busy = False
+            self._batch = None
+        return False
+
+    def _leave_outside(self, exc_type: Any) -> None:
+        manager = self._manager
+        try:
+            manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
+        finally:
+            manager._outside_open = False
 
 
 class _OutsideGraph:

@@ -1,7 +1,9 @@
-"""Device-to-host reads one step late without ever blocking: one async copy per step, read when done.
+"""Tagged status snapshots read late without ever blocking: one async copy, read when done.
 
-At the end of step N the current stream copies the small status vector (ring count, run
-counters, verify counts, SWA divergence; ``manager.STATUS``) into a pinned host slot with one
+Violations reach the host without these (the post-forward passes publish into host-visible
+memory, manager.py); a snapshot ties the status to a step for the health check, the stats line
+and the SWA line. At the end of step N the current stream copies the small status vector (ring
+count, run counters, verify counts, SWA divergence; ``manager.STATUS``) into a pinned host slot with one
 non-blocking copy and records an event. At the end of a later step the host takes the oldest
 slot whose event has completed (``Event.query``, never a wait); a slot whose copy is not done
 yet simply stays pending. The counters are cumulative, so a snapshot that is read late or not
@@ -102,16 +104,19 @@ class DelayedReadback:
         self._free.append(slot)
         return Snapshot(tag=slot.tag, values=slot.host_numpy, _slot=slot)
 
-    def read_ring(self, snapshot: Snapshot) -> Any:
-        """The violation ring as of ``snapshot`` (records written later may also show, never older ones lost)."""
+    def read_ring(self, snapshot: Optional[Snapshot] = None) -> Any:
+        """The violation ring as of ``snapshot`` (records written later may also show, never older ones
+        lost); without one, as it is now: for a count read from the published mirror, whose records were
+        complete before the count was published, so the copy waits for nothing on the main stream."""
         import torch
 
-        slot = snapshot._slot
-        if not self.cuda or slot is None:
+        slot = snapshot._slot if snapshot is not None else None
+        if not self.cuda:
             self._ring_host.copy_(self.ring)
             return self._ring_host.clone()
         with torch.cuda.stream(self._side):
-            self._side.wait_event(slot.done)
+            if slot is not None:
+                self._side.wait_event(slot.done)
             self._ring_host.copy_(self.ring, non_blocking=True)
             self._ring_done.record(self._side)
         self._ring_done.synchronize()

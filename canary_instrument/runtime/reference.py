@@ -253,6 +253,19 @@ def _count(state: CanaryState, run_index: int, verified: dict[int, int], written
             state.group_verified[g] += n
 
 
+def _publish(state: CanaryState) -> None:
+    """The post-forward pass's last act (the kernels' ``publish``): mirror ``status`` into ``published``,
+    then the packed word ``ring_count & 0xFFFFFFFF | post_runs << 32`` into slot n + post_runs % slots."""
+    if state.status is None or state.published is None or state.publish_done is None:
+        return
+    n = state.status.shape[0]
+    pinned = state.published.is_pinned()
+    packed = (state.ring_count[:1] & 0xFFFFFFFF) | (state.counters[1:2] << 32)
+    state.published[:n].copy_(state.status, non_blocking=pinned)
+    slot = n + int(state.counters[1]) % (state.published.shape[0] - n)
+    state.published[slot : slot + 1].copy_(packed, non_blocking=pinned)
+
+
 def _window_lo(state: CanaryState, batch: _Batch) -> torch.Tensor:
     return (batch.prefix - state.swa_window).clamp(min=0)
 
@@ -324,8 +337,9 @@ def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -
 
 
 def post_forward(state: CanaryState, plan: PlanInputs) -> None:
-    """Verify the rows written this forward, then store their real-KV fingerprints."""
+    """Verify the rows written this forward, then store their real-KV fingerprints; publish the status."""
     if int(plan.enabled[0]) == 0:
+        _publish(state)
         return
     batch = _batch(plan)
     lo = _window_lo(state, batch)
@@ -344,6 +358,7 @@ def post_forward(state: CanaryState, plan: PlanInputs) -> None:
         state.sampled_tokens[batch.req_pool[batch.extend > 0]] = -1
     _append(state, records)
     _count(state, 1, verified, 0)
+    _publish(state)
 
 
 class TorchCanaryOps:

@@ -39,9 +39,10 @@ class CanarySettings:
     # [kv_canary_backend / -] auto | triton | torch; ops.py's KV_CANARY_BACKEND variable overrides it.
     backend: str = "auto"
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
-    # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between status snapshots (reports
-    # come back within this many steps; each snapshot is one async copy and an event)
-    readback_interval: int = 1
+    # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between tagged status snapshots
+    # (one async copy and an event each): the health check, and stats/SWA figures between their own
+    # lines, come back within this many steps. Violations do not wait for it (manager.py).
+    readback_interval: int = 16
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off
     sweep_interval: int = 0

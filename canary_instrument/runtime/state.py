@@ -105,4 +105,12 @@ class CanaryState:
     counters: Optional["torch.Tensor"] = None
     # int64 [2]: verified entries of the FULL and SWA groups (SWA divergence reporter)
     group_verified: Optional["torch.Tensor"] = None
+    # int64 [n]: the manager's whole status vector (ring_count, counters and group_verified are views of it).
+    status: Optional["torch.Tensor"] = None
+    # int64 [n + slots], host-visible (pinned host memory on CUDA): every post-forward pass leaves a copy
+    # of ``status`` in [0, n), then the packed word ``ring_count & 0xFFFFFFFF | post_runs << 32`` in one
+    # store at [n + post_runs % slots], so the host reads results with no device op (manager.py).
+    # None: no publish.
+    published: Optional["torch.Tensor"] = None
+    publish_done: Optional["torch.Tensor"] = None  # int64 [1] device: programs of the running pass checked in
     extra: dict = field(default_factory=dict)

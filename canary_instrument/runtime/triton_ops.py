@@ -169,6 +169,14 @@ class TritonCanaryOps:
             ring, self._scratch(state, "ring_count", (1,)),
             self._scratch(state, "counters", (4,)), self._scratch(state, "group_verified", (2,)),
         ]
+        # The host-visible mirror (CanaryState.published): a pinned host tensor on CUDA, which Triton
+        # passes by its device-mapped address. Without one, the publish is compiled out.
+        publish = state.status is not None and state.published is not None and state.publish_done is not None
+        if publish:
+            n = state.status.shape[0]
+            args += [state.status, n, state.published, state.published.shape[0] - n, state.publish_done]
+        else:
+            args += [ring, 0, ring, 1, ring]
         device = state.req_to_token.device
         try:
             kernel[(self._grid(device, launch),)](
@@ -180,6 +188,8 @@ class TritonCanaryOps:
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
+                PUBLISH=publish,
+                STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
                 num_warps=self.num_warps or launch.num_warps,
             )
         except Exception as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 from canary_instrument.runtime.state import GROUP_SWA, HALF_V, KERNEL_NAMES, REASON_NAMES
 
@@ -87,7 +87,3 @@ def _reason_order(name: str) -> int:
         if known == name:
             return bit
     return 1 << 30
-
-
-def decode_records(rows: Iterable[Sequence[int]], step: int) -> list[Violation]:
-    return [Violation.from_record(row, step) for row in rows]

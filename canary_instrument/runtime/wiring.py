@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Iterable, Optional
 
+_NULL = contextlib.nullcontext()  # reusable and reentrant: a site without a manager enters nothing
+
 
 class context_tuple:  # noqa: N801 - named like the sglang helper it replaces
     """Enter several context managers left to right and leave them right to left.
@@ -68,9 +70,15 @@ def canary_context(
     outside: Optional[Iterable[int]] = None,
     active: Optional[int] = None,
 ) -> ContextManager[Any]:
-    """The context a wired site enters: a null context without a manager, else the manager's phases."""
+    """The context a wired site enters: a null context without a manager, else the manager's phases
+    (``with_ops_outside_graph`` for ``outside``, then ``with_active_single_forward_manager(active)``).
+    A manager that offers ``site_context`` (ours) gives both in one reusable object; another engine's
+    manager gets the pair of its own contexts."""
     if manager is None:
-        return contextlib.nullcontext()
+        return _NULL
+    site_context = getattr(manager, "site_context", None)
+    if site_context is not None:
+        return site_context(forward_batch, outside, active)
     cms = []
     if outside is not None:
         cms.append(
@@ -82,7 +90,7 @@ def canary_context(
     if active is not None:
         cms.append(manager.with_active_single_forward_manager(active))
     if not cms:
-        return contextlib.nullcontext()
+        return _NULL
     return cms[0] if len(cms) == 1 else context_tuple(*cms)
 
 

@@ -213,3 +213,80 @@ def test_mismatched_groups_are_a_clear_error(device):
     sc.state.layout = "mla"
     with pytest.raises(ValueError, match="mla"):
         _ops().pre_forward(sc.state, sc.plan, sc.input_ids)
+
+
+def _with_status(sc, device):
+    """Give the scenario's state the manager's layout: counters as views of one status vector, and a
+    host-visible mirror (pinned host memory on CUDA, as the manager allocates it)."""
+    state = sc.state
+    status = torch.zeros(8, dtype=torch.int64, device=device)
+    status[0:1] = state.ring_count
+    status[1:5] = state.counters
+    status[5:7] = state.group_verified
+    state.status, state.ring_count, state.counters, state.group_verified = status, status[0:1], status[1:5], status[5:7]
+    state.published = torch.full((8 + SLOTS,), -7, dtype=torch.int64, pin_memory=device == "cuda")
+    state.publish_done = torch.zeros(1, dtype=torch.int64, device=device)
+    return sc
+
+
+SLOTS = 3  # packed-word slots of the mirror: pass number p publishes into slot p % SLOTS
+
+
+def _published(status, packed_slots):
+    """The mirror as the host must find it: the status, then the packed word of each pass that ran."""
+    out = status.tolist() + [-7] * SLOTS
+    for post_runs, ring_count in packed_slots:
+        out[8 + post_runs % SLOTS] = (ring_count & 0xFFFFFFFF) | (post_runs << 32)
+    return out
+
+
+@pytest.mark.parametrize("layout,v_half", [("mha", True), ("mla", False), ("swa", True)])
+@pytest.mark.parametrize("fault", [None, "remapped_req_to_token"])
+def test_post_forward_publishes_the_status_for_the_host(device, layout, v_half, fault):
+    sc = _with_status(make_scenario(layout, "partial", v_half, seed=3, num_reqs=3, max_bs=4, prefix_lens=[11, 7, 0],
+                                    extend_lens=[1, 2, 9], swa_window=6, device=device), device)
+    if fault:
+        inject(sc, fault)
+    ref = _with_status(to_device(sc.clone(), "cpu"), "cpu")
+    ops = _ops()
+    for state, plan, ids, pre, post in ((sc.state, sc.plan, sc.input_ids, ops.pre_forward, ops.post_forward),
+                                        (ref.state, ref.plan, ref.input_ids, reference.pre_forward,
+                                         reference.post_forward)):
+        pre(state, plan, ids)
+        assert state.published.tolist() == [-7] * (8 + SLOTS)  # the pre-forward pass publishes nothing
+        post(state, plan)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert_same(sc.state, ref.state)
+    for state in (sc.state, ref.state):
+        status = state.status.cpu()
+        assert state.published.tolist() == _published(status, [(int(status[2]), int(status[0]))])
+        assert int(state.publish_done[0]) == 0  # reset for the next pass
+    assert (int(sc.state.status[0]) > 0) == (fault is not None)
+
+
+def test_a_disabled_post_forward_pass_still_publishes(device):
+    sc = _with_status(make_scenario("mha", "none", seed=5, device=device), device)
+    sc.plan.enabled.zero_()
+    sc.state.status[2] = 41  # post_runs of earlier passes
+    _ops().post_forward(sc.state, sc.plan)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert sc.state.published.tolist() == _published(sc.state.status.cpu(), [(41, 0)])
+
+
+def test_each_post_forward_pass_publishes_into_its_own_slot(device):
+    """Two passes: the second's packed word lands in the next slot, the first's stays for a host that
+    reads late, so every pass's (violations, pass number) pair can be read."""
+    sc = _with_status(make_scenario("mha", "none", seed=2, num_reqs=2, max_bs=2, prefix_lens=[6, 4],
+                                    extend_lens=[1, 1], device=device), device)
+    ops = _ops()
+    words = []
+    for _ in range(2):
+        ops.pre_forward(sc.state, sc.plan, sc.input_ids)
+        ops.post_forward(sc.state, sc.plan)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        words.append((int(sc.state.status[2]), int(sc.state.status[0])))
+    assert [p for p, _ in words] == [1, 2]
+    assert sc.state.published.tolist() == _published(sc.state.status.cpu(), words)

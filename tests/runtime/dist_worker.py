@@ -53,7 +53,9 @@ def main():
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     mode = "log" if scenario in ("log_counts", "uneven_warmup") else "raise"
-    runner = TPRunner(server_args(kv_canary=mode, kv_canary_dist_interval=2), device=device, group=dist.group.WORLD)
+    # A tagged snapshot every step: the health check then shows up one step late, as the tests expect.
+    runner = TPRunner(server_args(kv_canary=mode, kv_canary_dist_interval=2, kv_canary_readback_interval=1),
+                      device=device, group=dist.group.WORLD)
     sched = Scheduler(runner)
     if scenario == "uneven_warmup" and rank == 1:
         warm = sched.new_request([9, 9, 9])  # a warm-up forward that rank 0 does not run

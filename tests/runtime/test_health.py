@@ -16,7 +16,7 @@ def _serving(dev, **args):
 
 
 def test_lost_bracket_after_warm_up_raises_one_step_late(dev):
-    runner, sched, reqs = _serving(dev)
+    runner, sched, reqs = _serving(dev, kv_canary_readback_interval=1)  # a tagged snapshot every step
     mark_init_finished(runner.canary_manager)
     runner.forward(sched.extend(reqs))
     runner.forward(sched.decode(reqs, [6, 7]))
@@ -26,6 +26,18 @@ def test_lost_bracket_after_warm_up_raises_one_step_late(dev):
     runner.forward(sched.decode(reqs, [8, 9]))  # the step whose kernels did not run
     with pytest.raises(CanaryHealthError, match=r"3 canary sub-forwards were planned .* counted 2 pre-forward"):
         runner.forward(sched.decode(reqs, [10, 11]))
+
+
+def test_the_health_check_comes_within_the_readback_interval(dev):
+    runner, sched, reqs = _serving(dev, kv_canary_readback_interval=4)
+    mark_init_finished(runner.canary_manager)
+    runner.forward(sched.extend(reqs))  # step 1
+    unbracket_model_forward(runner.model)
+    runner.forward(sched.decode(reqs, [6, 7]))  # step 2: its kernels do not run
+    runner.forward(sched.decode(reqs, [8, 9]))  # step 3
+    runner.forward(sched.decode(reqs, [10, 11]))  # step 4: the snapshot that shows it
+    with pytest.raises(CanaryHealthError, match=r"4 canary sub-forwards were planned .* counted 1 pre-forward"):
+        runner.forward(sched.decode(reqs, [12, 13]))  # step 5 reads step 4's snapshot
 
 
 def test_health_check_in_log_mode_raises_too(dev):
