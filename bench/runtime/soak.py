@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-interval", type=int, default=4)
     parser.add_argument("--sweep-slots", type=int, default=256)
     parser.add_argument("--readback-interval", type=int, default=1,
-                        help="kv_canary_readback_interval: a status snapshot every N steps (delays include the wait)")
+                        help="kv_canary_readback_interval: a tagged status snapshot (health check, stats) every N "
+                             "steps; violations carry the step of the forward that found them whatever N is")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--name", default="soak")
@@ -216,7 +217,7 @@ def render_markdown(report: dict) -> str:
         f"every kind at rate {report['settings']['rate']} from step {report['settings']['warmup'] + 1}, "
         f"sweep every {report['settings']['sweep_interval']} steps "
         f"({report['settings']['sweep_slots']} slots a slice), "
-        f"a status snapshot every {report['settings']['readback_interval']} steps, "
+        f"a tagged status snapshot every {report['settings']['readback_interval']} steps, "
         f"{report['seconds']} s, result: {'pass' if report['ok'] else 'FAIL'}.",
         "",
         "Scored from the run's log: each `kv_canary_perturb=` line against the `kv_canary violation` lines. "

@@ -22,7 +22,10 @@ microseconds for the engine's decode graph, measured with an untimed stream quer
 exit). Whichever call comes first pays it: without the canary it is the engine's own next call. So
 before each timed site exit an untimed `current_stream().query()` absorbs it, canary on and off
 alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
-`KV_CANARY_READBACK_INTERVAL=N` (a status snapshot every N steps instead of every step).
+`KV_CANARY_READBACK_INTERVAL=N` (a tagged status snapshot every N steps; the runtime's default is
+16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime).
+After each site exit an empty Python call is timed (untimed for the canary): what the host's Python
+costs at that point of the step, as a yardstick for the sites' figures.
 
     PYTHONPATH=. python bench/runtime/step_overhead.py --out bench/runtime/results/cpu.json
     PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --out $OUT/gpu.json
@@ -68,6 +71,7 @@ class Clock:
         self.sample = 0.0  # the sampler wrap's record
         self.bracket = 0.0  # bracketed forwards' pre/post ops (eager forwards only)
         self.eager_forwards = 0  # bracketed model forwards run eagerly (pre-ops called outside a capture)
+        self.call = []  # host seconds of one empty Python call, timed right after each site exit (calibration)
         self.replays: collections.Counter = collections.Counter()  # CUDA-graph replays per graph runner
         self.profiling = False
         self.absorb = None  # called before each timed site exit (see _Timed.__exit__)
@@ -75,6 +79,7 @@ class Clock:
     def reset(self):
         self.sites = self.sample = self.bracket = 0.0
         self.eager_forwards = 0
+        self.call = []
         self.replays.clear()
 
 
@@ -117,7 +122,20 @@ class _Timed:
             t0 = time.perf_counter()
             out = self._cm.__exit__(*exc)
             CLOCK.sites += time.perf_counter() - t0
+        # Calibration, untimed for the canary: what one empty Python call costs here, at the same point
+        # of the step (the host's caches as the engine's own work left them).
+        t0 = time.perf_counter()
+        for _ in range(CALIBRATION_CALLS):
+            _nothing()
+        CLOCK.call.append((time.perf_counter() - t0) / CALIBRATION_CALLS)
         return out
+
+
+CALIBRATION_CALLS = 10
+
+
+def _nothing():
+    return None
 
 
 def _time_sites(module) -> int:
@@ -198,7 +216,8 @@ def _count_replays(runners: dict) -> None:
 class Case:
     """One engine (canary on or off) with ``bs`` requests decoding; ``subs`` draft sub-forwards (EAGLE) or 1."""
 
-    def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str, graphs: bool = True):
+    def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str, graphs: bool = True,
+                 sweep_interval: int = 0):
         eagle = subs > 1
         per_step = subs + 2 if eagle else 1  # tokens a step may add: accepted drafts + bonus
         new_tokens = steps * per_step + 16
@@ -207,7 +226,7 @@ class Case:
                     cuda_graph_max_bs=bs, max_context_len=context, max_total_tokens=bs * context + 64,
                     chunked_prefill_size=bs * PROMPT, disable_radix_cache=True,
                     kv_canary="log" if canary else "none", kv_canary_real_kv="partial",
-                    disable_cuda_graph=not graphs)
+                    kv_canary_sweep_interval=sweep_interval, disable_cuda_graph=not graphs)
         if eagle:
             args.update(speculative_algorithm="EAGLE", speculative_num_steps=subs + 1)
         self.engine = module.Engine(**args)
@@ -233,9 +252,10 @@ class Case:
         while self.engine.scheduler.waiting or self.engine.scheduler.chunked_req is not None:
             self.engine.step()
 
-    def step(self) -> tuple[float, float, float, int]:
-        """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket, and
-        the eager bracketed forwards it ran (canary on only; 0 when every forward replayed a graph)."""
+    def step(self) -> tuple[float, float, float, int, float]:
+        """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket, the
+        eager bracketed forwards it ran (canary on only; 0 when every forward replayed a graph), and the
+        cost of one empty Python call after the site exits (calibration)."""
         CLOCK.reset()
         batch = self.engine.step()
         if batch is None or not batch.forward_mode.is_decode() or len(self.engine.scheduler.running) != len(batch.reqs):
@@ -243,7 +263,7 @@ class Case:
         if dict(CLOCK.replays) != self.expected_replays:
             raise RuntimeError(f"a decode step replayed {dict(CLOCK.replays)}, expected {self.expected_replays}: "
                                "a forward fell back to eager")
-        return CLOCK.sites, CLOCK.sample, CLOCK.bracket, CLOCK.eager_forwards
+        return CLOCK.sites, CLOCK.sample, CLOCK.bracket, CLOCK.eager_forwards, statistics.median(CLOCK.call)
 
 
 def _phase_of(event):
@@ -290,22 +310,24 @@ def count_ops(case: Case, steps: int) -> dict:
     }
 
 
-def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True):
+def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0):
     us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
     row = dict(bs=bs, sub_forwards=subs, steps=steps)
     for canary in (False, True):
-        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs)
+        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval)
         for _ in range(warmup):
             case.step()
-        sites, sample, bracket, eager = [], [], [], 0
+        sites, sample, bracket, eager, call = [], [], [], 0, []
         for _ in range(steps):
-            a, b, c, d = case.step()
+            a, b, c, d, e = case.step()
             sites.append(a)
             sample.append(b)
             bracket.append(c)
             eager += d
+            call.append(e)
         key = "on" if canary else "off"
         row[f"{key}_sites_us"] = us(sites)
+        row[f"{key}_python_call_us"] = round(statistics.median(call) * 1e6, 3)
         if canary:
             # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
             row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)
@@ -332,8 +354,9 @@ def markdown(rows) -> str:
     lines = [
         "| bs | sub-forwards | off: sites (us) | on: sites (us) | on: sampler wrap (us) | on: total (us, median) | "
         "on: total p90 (us) | added by the canary (us) | aten ops in the phases (of which kernel or copy) | "
-        "bracket in eager forwards (us, not in the total) | graph replays per step | eager forwards per step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "bracket in eager forwards (us, not in the total) | graph replays per step | eager forwards per step | "
+        "one empty Python call after a site exit, off / on (us) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         aten = sum(p["aten_ops"] for name, p in r["ops"].items() if name != "bracket")
@@ -341,7 +364,8 @@ def markdown(rows) -> str:
         lines.append(
             f"| {r['bs']} | {r['sub_forwards']} | {r['off_sites_us']} | {r['on_sites_us']} | {r['on_sample_us']} | "
             f"{r['on_total_us']} | {r['on_total_p90_us']} | **{r['added_us']}** | {aten:g} ({work:g}) | "
-            f"{r['on_bracket_us']} | {_replays(r)} | {r.get('eager_forwards_per_step', '')} |"
+            f"{r['on_bracket_us']} | {_replays(r)} | {r.get('eager_forwards_per_step', '')} | "
+            f"{r.get('off_python_call_us', '')} / {r.get('on_python_call_us', '')} |"
         )
     return "\n".join(lines)
 
@@ -361,6 +385,9 @@ def main(argv=None):
     parser.add_argument("--disable-cuda-graph", action="store_true",
                         help="on CUDA, run every forward eagerly (the default replays decode, verify, draft chain "
                              "and draft-extend from CUDA graphs)")
+    parser.add_argument("--sweep-interval", type=int, default=0,
+                        help="kv_canary_sweep_interval for the runs (default 0: off, the runtime's default; the "
+                             "demo sweeps every 2 steps)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
     args = parser.parse_args(argv)
@@ -383,7 +410,7 @@ def main(argv=None):
     for subs in args.subs:
         for bs in args.bs:
             row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
-                           graphs=not args.disable_cuda_graph)
+                           graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
@@ -391,7 +418,8 @@ def main(argv=None):
         device=args.device, device_name=device_name, torch=torch.__version__, python=platform.python_version(),
         cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
         cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
-        readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "1")), absorbed=CLOCK.absorb is not None,
+        readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "16")), absorbed=CLOCK.absorb is not None,
+        sweep_interval=args.sweep_interval,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
     table = markdown(rows)

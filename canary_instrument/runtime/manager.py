@@ -185,9 +185,13 @@ class CanaryManager:
         cuda = self.device.type == "cuda"
         state.published = torch.zeros(len(STATUS) + _PUBLISH_SLOTS, dtype=torch.int64, pin_memory=cuda)
         state.publish_done = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._published = state.published.numpy()
+        self._published = memoryview(state.published.numpy())  # indexing gives a Python int
         self._sampled = sampled_tokens
-        state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
+        if sampled_tokens is not None:
+            state.sampled_tokens = sampled_tokens.table
+            state.sampled_stage_rows = sampled_tokens.stage_rows
+            state.sampled_stage_tokens = sampled_tokens.stage_tokens
+        self._planned_at_record = -1  # passes planned when the sampler's output was last staged
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
@@ -196,11 +200,13 @@ class CanaryManager:
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
-        # (post-forward passes planned by the end of a step, that step) for the last steps: labels the
-        # violations the published word reveals with the step of the forward that revealed them.
-        self._forward_steps: deque = deque(maxlen=_STEPS_REMEMBERED)
+        # Post-forward passes planned by the end of a step, and that step, for the last steps (two deques
+        # of ints kept in step: no tuple made per step): label the violations a published word reveals.
+        self._step_passes: deque = deque(maxlen=_STEPS_REMEMBERED)
+        self._step_numbers: deque = deque(maxlen=_STEPS_REMEMBERED)
         self._sweep_steps: deque = deque(maxlen=_STEPS_REMEMBERED)  # steps that launched a sweep slice
         self._sites: dict = {}  # (listing key, active) -> a reusable _Site
+        self._single_sites: dict = {}  # i -> {active: the _Site of `outside=[i], active=...`}
         self._read_passes = 0  # post-forward passes whose published word has been read
         self._readback_interval = settings.readback_interval
         self._group = process_group
@@ -241,6 +247,9 @@ class CanaryManager:
             from canary_instrument.runtime.perturb.perturber import make_perturber
 
             self.perturber = make_perturber(settings.perturb, state)
+        # No production feature switched on and one rank: most steps then only read the published words.
+        self._quiet = (self.perturber is None and self.sweeper is None and self._world == 1
+                       and not self._stats_interval and not self._swa_interval)
 
     def _make_sweeper(self, settings: CanarySettings, ops: Any) -> Any:
         if not settings.sweep_interval or self.is_draft:
@@ -271,9 +280,12 @@ class CanaryManager:
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
-        status vector, the violation ring and the sampled-token table. Plans are read from the
-        forward batch's own tensors, so the Triton passes allocate nothing per forward."""
-        buffers = [self.enabled, self._status, self.state.ring, self.state.sampled_tokens]
+        status vector and its publish counter, the violation ring, the sampled-token table and its
+        stage. Plans are read from the forward batch's own tensors, so the Triton passes allocate
+        nothing per forward. (The published mirror is pinned host memory, not counted here.)"""
+        state = self.state
+        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens,
+                   state.sampled_stage_rows, state.sampled_stage_tokens]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
@@ -281,8 +293,9 @@ class CanaryManager:
         self.radix_cache = tree_cache
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
-        """After ``model_runner.sample``: record each request's sampled token for its req-pool row (one
-        device op). Skipped before init (warm-up samples) and for outputs that are not one token per request."""
+        """After ``model_runner.sample``: stage each request's sampled token for its req-pool row (two
+        driver copies on a GPU; the next pre-forward pass files them). Skipped before init (warm-up
+        samples) and for outputs that are not one token per request."""
         sampled = self._sampled
         if sampled is None or not self.init_finished or forward_batch is None:
             return
@@ -290,6 +303,9 @@ class CanaryManager:
         shape = getattr(next_token_ids, "shape", None)
         if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
             return
+        if self._planned_at_record == self._planned:
+            sampled.flush_stage()  # two samples with no forward between them: file the first one now
+        self._planned_at_record = self._planned
         sampled.record(rows, next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
@@ -313,7 +329,13 @@ class CanaryManager:
         step builds nothing and enters one context instead of two inside a tuple."""
         if outside is None and active is None:
             return _NULL
-        if type(outside) is list and len(outside) == 1:
+        if type(outside) is list and len(outside) == 1 and type(active) is int:
+            # The usual wiring, `outside=[0], active=0`: found without making a key tuple.
+            by_active = self._single_sites.get(outside[0])
+            site = by_active.get(active) if by_active is not None else None
+            if site is not None and not site._busy:
+                site._batch = forward_batch
+                return site
             key = (outside[0], active)
         elif outside is None or type(outside) is range:
             key = (outside, active)
@@ -327,6 +349,8 @@ class CanaryManager:
             site = _Site(self, outside, active)
             if key is not None and key not in self._sites and len(self._sites) < 256:
                 self._sites[key] = site
+                if type(outside) is list and len(outside) == 1 and type(active) is int and type(outside[0]) is int:
+                    self._single_sites.setdefault(outside[0], {})[active] = site
         site._batch = forward_batch
         return site
 
@@ -455,8 +479,12 @@ class CanaryManager:
                 perturber.after_forward(_View(self._step + 1, self.radix_cache), forward_batch)
             else:
                 perturber.restore()  # a failed forward: put back what was corrupted for it
-        if sfms and sfms[0].phase != _IDLE:
-            half_done = [s.index for s in sfms if s.phase == _PRE_DONE]
+        if sfms and sfms[0].phase is not _IDLE:
+            half_done = None
+            for sfm in sfms:
+                if sfm.phase is _PRE_DONE:  # a wiring error: only then is the list built
+                    half_done = [s.index for s in sfms if s.phase is _PRE_DONE]
+                    break
             for sfm in sfms:
                 sfm.phase = _IDLE
                 sfm.plan = None
@@ -467,9 +495,18 @@ class CanaryManager:
             self._planned += planned
         if not ok:
             return
-        self._step += 1
+        self._step = step = self._step + 1
         if planned:
-            self._forward_steps.append((self._planned, self._step))
+            self._step_passes.append(self._planned)
+            self._step_numbers.append(step)
+        if self._quiet and step % self._readback_interval and not self._readback._pending:
+            # The usual step (no production feature switched on, one rank, no snapshot due or pending):
+            # read the passes published since the last step, raise what they brought.
+            if self._read_passes < self._planned:
+                self._poll_published()
+            if self._pending_raise or self._pending_lines or self._unhealthy is not None:
+                self._raise_pending(local=True)
+            return
         self._step_end(forward_batch)
 
     def _step_end(self, forward_batch: Any) -> None:
@@ -512,7 +549,7 @@ class CanaryManager:
         passes = self._read_passes
         while passes < self._planned:
             nxt = passes + 1
-            word = int(published[_PACKED + nxt % _PUBLISH_SLOTS])
+            word = published[_PACKED + nxt % _PUBLISH_SLOTS]
             # Both halves are the device's cumulative counts modulo 2**32.
             number = (word >> 32) & _LOW32
             behind = (number - nxt) & _LOW32
@@ -531,7 +568,7 @@ class CanaryManager:
     def _step_of_forward(self, post_runs: int) -> int:
         """The step whose forwards include post-forward pass number ``post_runs`` (the current step when
         it is older than the steps remembered or not counted yet)."""
-        for planned, step in self._forward_steps:
+        for planned, step in zip(self._step_passes, self._step_numbers):
             if planned >= post_runs:
                 return step
         return self._step
@@ -724,13 +761,14 @@ class _Site:
     """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
     entered and left as the nested pair would be, with no objects made per step."""
 
-    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_planned", "_batch", "_busy")
+    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_active_sfm", "_planned", "_batch", "_busy")
 
     def __init__(self, manager: CanaryManager, outside: Any, active: Optional[int]):
         self._manager = manager
         self._outside = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
         self._active = active
         self._sfms: Optional[list] = None  # the listing's sub-forward managers, resolved on first entry
+        self._active_sfm: Optional[SingleForwardManager] = None  # likewise for ``active``
         self._planned = 0
         self._batch: Any = None
         self._busy = False
@@ -747,14 +785,28 @@ class _Site:
                     sfms = self._sfms = manager._listed(self._outside)
                 manager._outside_open = True
                 try:
-                    self._planned = manager._pre_ops_outside_graph(sfms, self._batch) if manager.init_finished else 0
+                    batch = self._batch
+                    if not manager.init_finished:
+                        self._planned = 0
+                    elif manager.perturber is None and batch is not None:
+                        # _pre_ops_outside_graph without a perturbation to apply, inline: it runs every step.
+                        for sfm in sfms:
+                            if sfm.phase is not _IDLE:
+                                sfm._expect((_IDLE,), "with_ops_outside_graph()")
+                        self._planned = 0 if forward_kind(batch) == IDLE else len(sfms)
+                        for sfm in sfms:
+                            sfm.phase = _PLANNED
+                    else:
+                        self._planned = manager._pre_ops_outside_graph(sfms, batch)
                 except BaseException:
                     manager._outside_open = False
                     raise
             if self._active is None:
                 return None
             try:
-                sfm = manager._sub_forward(self._active)
+                sfm = self._active_sfm
+                if sfm is None:
+                    sfm = self._active_sfm = manager._sub_forward(self._active)
                 if manager._active is not None:
                     raise CanaryWiringError(
                         f"kv canary: with_active_single_forward_manager({self._active}) nested inside "

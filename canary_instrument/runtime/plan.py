@@ -33,21 +33,24 @@ def forward_kind(forward_batch: Any) -> str:
         raise ValueError(f"kv canary: forward batch {type(forward_batch).__qualname__} has no forward_mode")
     if not getattr(forward_batch, "batch_size", 0):
         return IDLE
-    # Keyed by type too: IntEnum modes of different engines compare equal to each other's ints.
-    key = (type(mode), mode)
+    # Keyed by type first: IntEnum modes of different engines compare equal to each other's ints. Two
+    # lookups, no key tuple: this runs at every step, and an allocation there can start a collection.
+    by_mode = _KINDS.get(type(mode))
+    if by_mode is None:
+        by_mode = _KINDS[type(mode)] = {}
     try:
-        return _KINDS[key]
+        return by_mode[mode]
     except (KeyError, TypeError):  # not seen yet, or a mode that cannot be a dict key
         pass
     kind = _kind_of(mode)
     try:
-        _KINDS[key] = kind
+        by_mode[mode] = kind
     except TypeError:
         pass
     return kind
 
 
-_KINDS: dict = {}  # (mode type, mode) -> kind: the mode methods cost more host time than a lookup
+_KINDS: dict = {}  # mode type -> {mode -> kind}: the mode methods cost more host time than a lookup
 
 
 def _kind_of(mode: Any) -> str:
