@@ -3,10 +3,8 @@
 Two sources, one per kind of runner:
 
 - Target runner: the sampler. ``model_runner.sample(logits_output, forward_batch)`` (sglang's
-  ``ModelRunner.sample``) is wrapped on the instance; after it returns, each request's sampled
-  token is staged with its req-pool row (two stream-ordered device-to-device copies through the
-  CUDA driver on a GPU: no torch op), and the next forward's pre-forward pass scatters the stage
-  into a per-req-pool-row table (``SampledTokens``), inside a CUDA graph too. That token is
+  ``ModelRunner.sample``) is wrapped on the instance; after it returns, one device op records
+  each request's sampled token in a per-req-pool-row table (``SampledTokens``). That token is
   what the engine must feed back as the request's next input, so the post-forward pass of the
   next decode compares the row it wrote at the request's first new position with it. Every
   post-forward pass consumes the entries of its requests, so an entry is only ever compared by
@@ -22,7 +20,6 @@ Two sources, one per kind of runner:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import weakref
 from typing import Any, Optional
@@ -54,58 +51,8 @@ def find_target(req_to_token: Any) -> Optional[Any]:
 _INT64: Any = None  # torch.int64, bound when the first table is made (this module imports no torch)
 
 
-class _DriverCopy:
-    """``cuMemcpyDtoDAsync`` on a stream, through ctypes: a stream-ordered device copy for about a
-    microsecond of host time, where a torch op costs 8 to 50 (its dispatcher, cold in the host's
-    caches after the engine's own Python)."""
-
-    def __init__(self, device_index: int):
-        import torch
-
-        self._copy = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
-        self._copy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        self._copy.restype = ctypes.c_int
-        self._device_index = device_index
-        self._current = torch._C._cuda_getCurrentStream
-        self._stream_key: Any = None
-        self._stream = None
-
-    def stream(self) -> int:
-        """The current CUDA stream's handle, looked up again only when the stream changes."""
-        key = self._current(self._device_index)
-        if key != self._stream_key:
-            import torch
-
-            self._stream_key = key
-            self._stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2]).cuda_stream
-        return self._stream
-
-    def __call__(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        rc = self._copy(dst, src, nbytes, stream)
-        if rc:
-            raise RuntimeError(f"kv canary: cuMemcpyDtoDAsync failed with CUDA error {rc}")
-
-
-def _driver_copy(device: Any) -> Optional[_DriverCopy]:
-    """The driver copy for a CUDA device, or None (CPU, or no loadable CUDA driver)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    try:
-        return _DriverCopy(device.index if device.index is not None else torch.cuda.current_device())
-    except (OSError, AttributeError):
-        return None
-
-
 class SampledTokens:
-    """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none.
-
-    A record is staged (``stage_rows``, ``stage_tokens``: entry i is row, token; row 0 = empty)
-    and lands in the table at the next pre-forward pass (templates/canary.py.jinja, and its torch
-    twin), which empties the stage.
-    """
+    """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none."""
 
     def __init__(self, max_reqs: int, device: Any):
         import torch
@@ -113,38 +60,17 @@ class SampledTokens:
         # int32: sglang's samplers return int32 token ids; a sampler that returns another dtype
         # costs one cast per step.
         self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
-        self.stage_rows = torch.zeros(int(max_reqs), dtype=torch.int64, device=device)
-        self.stage_tokens = torch.zeros(int(max_reqs), dtype=torch.int32, device=device)
-        self._rows_ptr = self.stage_rows.data_ptr()
-        self._tokens_ptr = self.stage_tokens.data_ptr()
-        self._copy = _driver_copy(device)
         global _INT64
         _INT64 = torch.int64
 
     def record(self, req_pool_indices: Any, next_token_ids: Any) -> None:
-        """Stage ``next_token_ids[b]`` for row ``req_pool_indices[b]`` of every request b."""
+        """One device op: ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b."""
         table = self.table
         if next_token_ids.dtype is not table.dtype:
             next_token_ids = next_token_ids.to(table.dtype)
         if req_pool_indices.dtype is not _INT64:
             req_pool_indices = req_pool_indices.long()
-        n = next_token_ids.shape[0]
-        if n > self.stage_rows.shape[0]:
-            raise ValueError(f"kv canary: {n} sampled tokens exceed the {self.stage_rows.shape[0]} req-pool rows")
-        copy = self._copy
-        if copy is not None and req_pool_indices.is_contiguous() and next_token_ids.is_contiguous():
-            stream = copy.stream()
-            copy(self._rows_ptr, req_pool_indices.data_ptr(), n * 8, stream)
-            copy(self._tokens_ptr, next_token_ids.data_ptr(), n * 4, stream)
-        else:
-            self.stage_rows[:n].copy_(req_pool_indices)
-            self.stage_tokens[:n].copy_(next_token_ids)
-
-    def flush_stage(self) -> None:
-        """Move a record that no pre-forward pass has taken yet into the table (two device ops), so a
-        second record staged over it cannot leave two entries for one row."""
-        self.table.index_copy_(0, self.stage_rows, self.stage_tokens)  # empty entries land on unused row 0
-        self.stage_rows.zero_()
+        table.index_copy_(0, req_pool_indices, next_token_ids)
 
 
 def wrap_sample(model_runner: Any, manager: Any) -> bool:

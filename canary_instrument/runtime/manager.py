@@ -187,11 +187,7 @@ class CanaryManager:
         state.publish_done = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._published = memoryview(state.published.numpy())  # indexing gives a Python int
         self._sampled = sampled_tokens
-        if sampled_tokens is not None:
-            state.sampled_tokens = sampled_tokens.table
-            state.sampled_stage_rows = sampled_tokens.stage_rows
-            state.sampled_stage_tokens = sampled_tokens.stage_tokens
-        self._planned_at_record = -1  # passes planned when the sampler's output was last staged
+        state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
@@ -280,12 +276,11 @@ class CanaryManager:
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
-        status vector and its publish counter, the violation ring, the sampled-token table and its
-        stage. Plans are read from the forward batch's own tensors, so the Triton passes allocate
-        nothing per forward. (The published mirror is pinned host memory, not counted here.)"""
+        status vector and its publish counter, the violation ring and the sampled-token table. Plans are
+        read from the forward batch's own tensors, so the Triton passes allocate nothing per forward.
+        (The published mirror is pinned host memory, not counted here.)"""
         state = self.state
-        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens,
-                   state.sampled_stage_rows, state.sampled_stage_tokens]
+        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
@@ -293,9 +288,8 @@ class CanaryManager:
         self.radix_cache = tree_cache
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
-        """After ``model_runner.sample``: stage each request's sampled token for its req-pool row (two
-        driver copies on a GPU; the next pre-forward pass files them). Skipped before init (warm-up
-        samples) and for outputs that are not one token per request."""
+        """After ``model_runner.sample``: record each request's sampled token for its req-pool row (one
+        device op). Skipped before init (warm-up samples) and for outputs that are not one token per request."""
         sampled = self._sampled
         if sampled is None or not self.init_finished or forward_batch is None:
             return
@@ -303,9 +297,6 @@ class CanaryManager:
         shape = getattr(next_token_ids, "shape", None)
         if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
             return
-        if self._planned_at_record == self._planned:
-            sampled.flush_stage()  # two samples with no forward between them: file the first one now
-        self._planned_at_record = self._planned
         sampled.record(rows, next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":

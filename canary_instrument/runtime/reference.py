@@ -315,15 +315,9 @@ def _segmented_scan(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor) -> tupl
 
 
 def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
-    """Scatter the staged sampler output into the sampled-token table; verify every request's prefix in
-    every group/half, then write the rows of its new tokens."""
+    """Verify every request's prefix in every group/half, then write the rows of its new tokens."""
     if int(plan.enabled[0]) == 0:
         return
-    if state.sampled_tokens is not None and state.sampled_stage_rows is not None:
-        rows = state.sampled_stage_rows
-        live = rows > 0
-        state.sampled_tokens[rows[live]] = state.sampled_stage_tokens[live].to(state.sampled_tokens.dtype)
-        rows[live] = 0
     batch = _batch(plan)
     lo = _window_lo(state, batch)
     records, verified, written = [], {}, 0

@@ -94,10 +94,6 @@ class CanaryState:
     # post-forward pass of a decode checks the row it wrote at the request's first new position
     # against it, and every post-forward pass consumes (clears) the entries of its requests.
     sampled_tokens: Optional["torch.Tensor"] = None
-    # The sampler's last output, staged for the next pre-forward pass to scatter into ``sampled_tokens``
-    # and then empty: req-pool rows int64 [cap] (0 = empty entry) and their tokens int32 [cap].
-    sampled_stage_rows: Optional["torch.Tensor"] = None
-    sampled_stage_tokens: Optional["torch.Tensor"] = None
     # Draft worker: the target's FULL-group K canary rows [slots, 4] (same req_to_token, same slot
     # numbers); the pre-forward pass checks the token of draft position p against the target's p + 1.
     target_rows: Optional["torch.Tensor"] = None

@@ -118,12 +118,7 @@ class TritonCanaryOps:
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
-        rows, tokens = state.sampled_stage_rows, state.sampled_stage_tokens
-        if rows is None or tokens is None or state.sampled_tokens is None:
-            leading = [input_ids, input_ids, input_ids, 0, input_ids, 0]
-        else:
-            leading = [input_ids, rows, tokens, rows.shape[0], state.sampled_tokens, _next_pow2(rows.shape[0])]
-        self._launch("canary_pre_forward", state, plan, leading)
+        self._launch("canary_pre_forward", state, plan, [input_ids])
 
     def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
         self._launch("canary_post_forward", state, plan, [])

@@ -291,25 +291,3 @@ def test_each_post_forward_pass_publishes_into_its_own_slot(device):
     assert [p for p, _ in words] == [1, 2]
     assert sc.state.published.tolist() == _published(sc.state.status.cpu(), words)
 
-
-def test_the_pre_forward_pass_files_the_staged_sampler_output(device):
-    """Staged (row, token) entries land in the sampled-token table and the stage empties, byte for byte
-    with the reference; the post-forward pass then checks the decode's first new position against them."""
-    sc = make_scenario("mha", "none", seed=4, num_reqs=3, max_bs=4, prefix_lens=[5, 3, 7], extend_lens=[1, 1, 1],
-                       device=device)
-    table = sc.state.sampled_tokens
-    rows = [int(r) for r in sc.plan.req_pool_indices[:3].tolist()]
-    wanted = table[rows].clone()  # the scenario's correct next tokens
-    table[rows] = -1
-    cap = table.shape[0]
-    sc.state.sampled_stage_rows = torch.zeros(cap, dtype=torch.int64, device=device)
-    sc.state.sampled_stage_tokens = torch.zeros(cap, dtype=torch.int32, device=device)
-    sc.state.sampled_stage_rows[:3] = torch.tensor(rows, device=device)
-    sc.state.sampled_stage_tokens[:3] = wanted
-    sc.state.sampled_stage_tokens[1] += 1  # request 1 was fed another token than the one sampled
-    sc, ref = run_both(sc, _ops(), passes=("pre",))
-    assert torch.equal(sc.state.sampled_tokens.cpu(), ref.state.sampled_tokens.cpu())
-    assert sc.state.sampled_tokens[rows].tolist() == (wanted + torch.tensor([0, 1, 0], device=device)).tolist()
-    assert sc.state.sampled_stage_rows.count_nonzero() == 0 and ref.state.sampled_stage_rows.count_nonzero() == 0
-    sc, ref = run_both(sc, _ops(), passes=("post",))
-    assert {(r[6], r[7]) for r in violations(sc.state)} == {(TOKEN, rows[1])}

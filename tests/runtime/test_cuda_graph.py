@@ -67,7 +67,8 @@ def test_replay_catches_faults(fault):
 
 
 def test_graph_captured_without_the_canary_fails_the_health_check():
-    runner = MiniRunner(server_args(), device="cuda", max_reqs=8)
+    # A tagged snapshot every step, so three steps are enough for the check to come back.
+    runner = MiniRunner(server_args(kv_canary_readback_interval=1), device="cuda", max_reqs=8)
     sched = Scheduler(runner)
     manager = runner.canary_manager
     # A capture site that lost its wiring: the graph holds the model only.
