@@ -1,7 +1,14 @@
-"""Requests and the scheduler's batch, and how a batch becomes a ForwardBatch for a model runner."""
+"""Requests and the scheduler's batch, and how a batch becomes a ForwardBatch for a model runner.
+
+Host work per batch is O(batch) plain Python and a fixed number of torch calls: the per-request
+numbers go into one host tensor that reaches the device in one copy, and the tensors the batch
+hands out are views of it.
+"""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -10,7 +17,7 @@ import torch
 from refsgl.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: the scheduler's membership tests compare objects, not field tuples
 class Req:
     rid: int
     origin_input_ids: list[int]
@@ -33,6 +40,35 @@ class Req:
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
 
+    @property
+    def last_token_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.origin_input_ids[-1]
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """`all_token_ids[start:end]` (0 <= start <= end) without building the whole sequence."""
+        prompt = self.origin_input_ids
+        n = len(prompt)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        if end <= n:
+            return prompt[start:end]
+        return prompt[start:] + self.output_ids[: end - n]
+
+
+def _int64_tensors(device, *columns: list[int]) -> tuple[torch.Tensor, ...]:
+    """Each list of ints as an int64 tensor on `device`: one host tensor, one copy, views of it.
+
+    Every view starts 16-byte aligned, as a tensor of its own would (Triton specialises kernels on it).
+    """
+    flat, sizes = [], []
+    for column in columns:
+        flat += column
+        if len(column) % 2:
+            flat.append(0)
+        sizes.append(len(column))
+    views = torch.tensor(flat, dtype=torch.int64).to(device).split([n + n % 2 for n in sizes])
+    return tuple(view[:n] if n % 2 else view for view, n in zip(views, sizes))
+
 
 class ScheduleBatch:
     """One scheduler step's requests. For decode, `seq_lens` holds the cached lengths."""
@@ -42,10 +78,12 @@ class ScheduleBatch:
         self.forward_mode = forward_mode
         self.device = device
         self.out_cache_loc = out_cache_loc
-        self.req_pool_indices = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device)
         self.prefix_lens = [r.prefix_len for r in reqs]
         self.extend_lens = [r.extend_len for r in reqs]
-        self.seq_lens = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64, device=device)
+        self.cached_lens = [r.cached_len for r in reqs]  # host copy of seq_lens
+        self.req_pool_indices, self.seq_lens = _int64_tensors(
+            device, [r.req_pool_idx for r in reqs], self.cached_lens
+        )
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -53,15 +91,18 @@ class ScheduleBatch:
     def _fill_ids(self) -> list[int]:
         ids = []
         for r in self.reqs:
-            ids.extend(r.all_token_ids[r.prefix_len : r.prefix_len + r.extend_len])
+            ids.extend(r.token_ids(r.prefix_len, r.prefix_len + r.extend_len))
         return ids
 
     def rotated_input_ids(self, next_token_ids: torch.Tensor) -> torch.Tensor:
         """EAGLE draft inputs: position p gets token p + 1 (the sampled token closes a last chunk)."""
         ids = []
         for r, nxt in zip(self.reqs, next_token_ids.tolist()):
-            tokens = r.all_token_ids + ([nxt] if r.is_last_chunk else [])
-            ids.extend(tokens[r.prefix_len + 1 : r.prefix_len + r.extend_len + 1])
+            # all_token_ids (+ the sampled token) [start, end), without building the sequence.
+            start, end, seq_len = r.prefix_len + 1, r.prefix_len + r.extend_len + 1, r.seq_len
+            ids.extend(r.token_ids(start, max(start, min(end, seq_len))))
+            if r.is_last_chunk and start <= seq_len < end:
+                ids.append(nxt)
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     def to_forward_batch(
@@ -73,26 +114,35 @@ class ScheduleBatch:
     ) -> ForwardBatch:
         """Extend-like (ragged) or plain decode batch over this step's positions."""
         mode = mode or self.forward_mode
-        positions = torch.cat(
-            [torch.arange(p, p + n, dtype=torch.int64) for p, n in zip(self.prefix_lens, self.extend_lens)]
-        ).to(self.device)
-        if input_ids is None:
-            input_ids = torch.tensor(self._fill_ids(), dtype=torch.int64, device=self.device)
-        seq_lens = [p + n for p, n in zip(self.prefix_lens, self.extend_lens)]
+        prefix_lens, extend_lens = self.prefix_lens, self.extend_lens
+        seq_lens = list(map(operator.add, prefix_lens, extend_lens))
+        if extend_lens.count(1) == len(extend_lens):  # one new position per request (decode)
+            positions = prefix_lens
+        else:
+            positions = list(itertools.chain.from_iterable(map(range, prefix_lens, seq_lens)))
         extend = mode.is_extend()
+        columns = [positions, seq_lens]
+        if input_ids is None:
+            columns.append(self._fill_ids())
+        if extend:
+            columns += [prefix_lens, extend_lens]
+        tensors = _int64_tensors(self.device, *columns)
+        positions_t, seq_lens_t = tensors[:2]
+        if input_ids is None:
+            input_ids = tensors[2]
         return ForwardBatch(
             forward_mode=mode,
             batch_size=self.batch_size(),
             input_ids=input_ids,
             req_pool_indices=self.req_pool_indices,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=self.device),
+            seq_lens=seq_lens_t,
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
-            positions=positions,
+            positions=positions_t,
             out_cache_loc=self.out_cache_loc,
-            extend_prefix_lens=torch.tensor(self.prefix_lens, device=self.device) if extend else None,
-            extend_seq_lens=torch.tensor(self.extend_lens, device=self.device) if extend else None,
-            extend_prefix_lens_cpu=list(self.prefix_lens) if extend else None,
-            extend_seq_lens_cpu=list(self.extend_lens) if extend else None,
+            extend_prefix_lens=tensors[-2] if extend else None,
+            extend_seq_lens=tensors[-1] if extend else None,
+            extend_prefix_lens_cpu=list(prefix_lens) if extend else None,
+            extend_seq_lens_cpu=list(extend_lens) if extend else None,
             req_to_token_pool=runner.req_to_token_pool,
             token_to_kv_pool=runner.token_to_kv_pool,
             attn_backend=runner.attn_backend,
@@ -114,7 +164,7 @@ class ScheduleBatch:
         out_cache_loc = runner.req_to_token_pool.req_to_token[rows, positions].long()
         # TARGET_VERIFY reports the prefix as seq_lens (sglang); DRAFT_EXTEND the length after it.
         seq_lens = self.seq_lens if mode.is_target_verify() else self.seq_lens + num_tokens_per_req
-        prefix_cpu = self.seq_lens.tolist()
+        prefix_cpu = list(self.cached_lens)
         return ForwardBatch(
             forward_mode=mode,
             batch_size=bs,

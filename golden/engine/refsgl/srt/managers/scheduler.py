@@ -5,6 +5,11 @@ the target model runner directly or the EAGLE worker.
 A step is prefill-first, as in sglang: if waiting requests (or an unfinished chunk) fit,
 run an extend batch (with the running requests riding along as one-token extends when
 `enable_mixed_chunk` is set); otherwise decode every running request.
+
+A decode step's host work is O(batch) plain Python and a fixed number of torch calls: one slot
+allocation, one `req_to_token` write for the whole batch, and the slots it gives back (rejected
+drafts, SWA window releases) freed together at the end of the step in the order a request-by-request
+loop would free them, so the same slots are handed out next.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class Scheduler:
         )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
+        # Frees _process_result defers to _flush_kv_frees: (is SWA release, req-pool row, start, end).
+        self._pending_frees: list[tuple[bool, int, int, int]] = []
         self.chunked_req: Optional[Req] = None
         self.finished: list[Req] = []
         self.forward_ct = 0
@@ -107,6 +114,15 @@ class Scheduler:
     def _write_slots(self, req: Req, start: int, slots: torch.Tensor):
         self.req_to_token_pool.write((req.req_pool_idx, slice(start, start + len(slots))), slots.to(torch.int32))
 
+    def _write_slot_columns(self, rows: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, per_req: int):
+        """Request i's `per_req` slots go to positions [starts[i], starts[i] + per_req) of row rows[i] (one write)."""
+        values = slots.to(torch.int32)
+        if per_req == 1:
+            self.req_to_token_pool.write((rows, starts), values)
+        else:
+            columns = starts[:, None] + torch.arange(per_req, dtype=torch.int64, device=self.device)
+            self.req_to_token_pool.write((rows[:, None], columns), values.view(-1, per_req))
+
     def _slots_of(self, req: Req, start: int, end: int) -> torch.Tensor:
         return self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].long()
 
@@ -121,6 +137,8 @@ class Scheduler:
         return None
 
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
+        if self.chunked_req is None and not self.waiting:
+            return None
         budget = self.server_args.chunked_prefill_size
         reqs: list[Req] = []
         if self.chunked_req is not None:
@@ -149,18 +167,28 @@ class Scheduler:
         self.stats.prefill_batches += 1
         self.stats.chunked_prefills += self.chunked_req is not None
         mode = ForwardMode.EXTEND
+        riding = []
         if self.server_args.enable_mixed_chunk and self.running:
             mode = ForwardMode.MIXED
             self.stats.mixed_batches += 1
-            for req in self.running:
+            riding = list(self.running)
+            for req in riding:
                 req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
-            reqs = reqs + self.running
-        out_cache_loc = torch.cat([self.alloc_token_slots(r.extend_len) for r in reqs])
+        num_tokens = sum(r.extend_len for r in reqs) + len(riding)
+        if self.allocator.available_size() >= num_tokens:
+            # Request-by-request allocation would evict nothing and take these same slots in order.
+            out_cache_loc = self.alloc_token_slots(num_tokens)
+        else:
+            out_cache_loc = torch.cat([self.alloc_token_slots(r.extend_len) for r in reqs + riding])
         start = 0
         for r in reqs:
             self._write_slots(r, r.prefix_len, out_cache_loc[start : start + r.extend_len])
             start += r.extend_len
-        return ScheduleBatch(reqs, mode, self.device, out_cache_loc)
+        batch = ScheduleBatch(reqs + riding, mode, self.device, out_cache_loc)
+        if riding:
+            n = len(reqs)
+            self._write_slot_columns(batch.req_pool_indices[n:], batch.seq_lens[n:], out_cache_loc[start:], 1)
+        return batch
 
     def _admit(self, req: Req, prefix_slots: list[int], last_node):
         req.req_pool_idx = self.req_to_token_pool.alloc(1)[0]
@@ -187,12 +215,14 @@ class Scheduler:
     def _get_decode_batch(self) -> ScheduleBatch:
         reqs = list(self.running)
         per_req = self.num_draft_tokens or 1
-        slots = self.alloc_token_slots(per_req * len(reqs)).view(len(reqs), per_req)
-        for req, req_slots in zip(reqs, slots):
-            self._write_slots(req, req.cached_len, req_slots)
+        slots = self.alloc_token_slots(per_req * len(reqs))
+        for req in reqs:
             req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
+        batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots)
+        # Request i's slots go to positions [cached_len, cached_len + per_req) of its row.
+        self._write_slot_columns(batch.req_pool_indices, batch.seq_lens, slots, per_req)
         self.stats.decode_batches += 1
-        return ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots.reshape(-1))
+        return batch
 
     # ------------------------------------------------------------------ running a step
 
@@ -214,6 +244,8 @@ class Scheduler:
         return batch
 
     def _process_result(self, batch: ScheduleBatch, new_tokens: list[list[int]], verify_output):
+        # A decode batch is the running requests; an extend batch's finished prompts join them.
+        running = None if batch.forward_mode.is_decode() else set(self.running)
         for req, tokens in zip(batch.reqs, new_tokens):
             # A verify can accept past max_new_tokens; drop the surplus (and, below, its KV).
             tokens = tokens[: req.max_new_tokens - len(req.output_ids)]
@@ -223,28 +255,56 @@ class Scheduler:
                 start = req.cached_len
                 self.stats.proposed_drafts += self.num_draft_tokens - 1
                 self.stats.accepted_drafts += keep - 1
-                self.allocator.free(self._slots_of(req, start + keep, start + self.num_draft_tokens))
+                if keep < self.num_draft_tokens:
+                    self._pending_frees.append((False, req.req_pool_idx, start + keep, start + self.num_draft_tokens))
                 req.cached_len += keep
             else:
                 req.cached_len += req.extend_len
             req.output_ids.extend(tokens)
             if req is self.chunked_req:
                 continue
-            if req not in self.running:
+            if running is not None and req not in running:
                 self.running.append(req)
             if len(req.output_ids) >= req.max_new_tokens:
                 self._finish(req)
             elif self.is_swa:
                 self._release_out_of_window(req)
+        self._flush_kv_frees()
 
     def _release_out_of_window(self, req: Req):
         new_start = max(0, req.cached_len - self.sliding_window)
         if new_start > req.swa_evicted_seqlen:
-            self.allocator.free_swa(self._slots_of(req, req.swa_evicted_seqlen, new_start))
+            self._pending_frees.append((True, req.req_pool_idx, req.swa_evicted_seqlen, new_start))
             self.stats.swa_released_tokens += new_start - req.swa_evicted_seqlen
             req.swa_evicted_seqlen = new_start
 
+    def _flush_kv_frees(self):
+        """Free the deferred slots as freeing them entry by entry in the order deferred would (`free` for
+        rejected drafts, `free_swa` for SWA window releases), with a fixed number of torch calls."""
+        pending, self._pending_frees = self._pending_frees, []
+        if not pending:
+            return
+        rows, columns, release = [], [], []
+        # Last entry first: the free lists take freed slots at the front, so one call on the
+        # concatenation leaves them in the order that entry-by-entry calls would.
+        for is_release, row, start, end in reversed(pending):
+            rows.extend(itertools.repeat(row, end - start))
+            columns.extend(range(start, end))
+            release.extend(itertools.repeat(int(is_release), end - start))
+        rows_t, columns_t, release_t = torch.tensor(
+            [rows, columns, release], dtype=torch.int64, device=self.device
+        ).unbind(0)
+        slots = self.req_to_token_pool.req_to_token[rows_t, columns_t].long()
+        if not self.is_swa:
+            self.allocator.free(slots)  # rejected drafts only
+        elif not self.allocator.free_and_release_swa(slots, release_t.bool()):
+            # A slot is listed twice (a prefix that requests share left their windows together): one by one.
+            for is_release, row, start, end in pending:
+                entry = self.req_to_token_pool.req_to_token[row, start:end].long()
+                (self.allocator.free_swa if is_release else self.allocator.free)(entry)
+
     def _finish(self, req: Req):
+        self._flush_kv_frees()  # the frees of the requests before it come first
         req.finished = True
         self.running.remove(req)
         slots = self._slots_of(req, 0, req.cached_len)

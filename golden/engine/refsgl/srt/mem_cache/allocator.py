@@ -83,6 +83,27 @@ class SWATokenToKVPoolAllocator:
         self.swa_refs[free_index] = 0
         self.full_attn_allocator.free(free_index)
 
+    def free_and_release_swa(self, full_index: torch.Tensor, release: torch.Tensor) -> bool:
+        """`free` the entries where `release` is False and `free_swa` the others, in one pass.
+
+        Gives what calling `free` / `free_swa` on runs of these entries would give, with the runs
+        listed last-called first (the free lists take freed slots at the front). Refuses (returns
+        False, changing nothing) when a slot is listed twice: then its holds depend on call order.
+        """
+        if torch.unique(full_index).numel() != full_index.numel():
+            return False
+        swa = self.full_to_swa_index_mapping[full_index]
+        mapped = swa > 0
+        self.swa_refs[full_index[release & mapped]] -= 1
+        freed = ~release
+        evict = mapped & (freed | (self.swa_refs[full_index] <= 0))
+        self.swa_attn_allocator.free(swa[evict])
+        cleared = full_index[freed | evict]
+        self.full_to_swa_index_mapping[cleared] = 0
+        self.swa_refs[cleared] = 0
+        self.full_attn_allocator.free(full_index[freed])
+        return True
+
     def acquire_swa(self, full_index: torch.Tensor):
         mapped = full_index[self.full_to_swa_index_mapping[full_index] > 0]
         self.swa_refs[mapped] += 1

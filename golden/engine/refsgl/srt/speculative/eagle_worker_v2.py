@@ -171,7 +171,7 @@ class EAGLEWorkerV2:
         """Target forward over [last verified token, draft chain]; greedy acceptance."""
         bs = batch.batch_size()
         num_draft = self.speculative_num_draft_tokens
-        last_tokens = torch.tensor([req.all_token_ids[-1] for req in batch.reqs], device=self.device)
+        last_tokens = torch.tensor([req.last_token_id for req in batch.reqs], device=self.device)
         verify_ids = torch.cat([last_tokens.unsqueeze(1), draft_tokens], dim=1)
         forward_batch = batch.to_fixed_length_forward_batch(
             self.target_worker, ForwardMode.TARGET_VERIFY, verify_ids
