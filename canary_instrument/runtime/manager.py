@@ -493,8 +493,9 @@ class CanaryManager:
         if self._quiet and step % self._readback_interval and not self._readback._pending:
             # The usual step (no production feature switched on, one rank, no snapshot due or pending):
             # read the passes published since the last step, raise what they brought.
-            if self._read_passes < self._planned:
-                self._poll_published()
+            nxt = self._read_passes + 1
+            if nxt <= self._planned and (self._published[_PACKED + nxt % _PUBLISH_SLOTS] >> 32) & _LOW32 == nxt & _LOW32:
+                self._poll_published()  # a pass has published since the last step
             if self._pending_raise or self._pending_lines or self._unhealthy is not None:
                 self._raise_pending(local=True)
             return
@@ -815,11 +816,15 @@ class _Site:
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        manager = self._manager
         try:
             if self._active is not None:
-                self._manager._active = None
+                manager._active = None
             if self._outside is not None:
-                self._leave_outside(exc_type)
+                try:
+                    manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
+                finally:
+                    manager._outside_open = False
         finally:
             self._busy = False
             self._batch = None
