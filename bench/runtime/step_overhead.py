@@ -23,7 +23,8 @@ exit). Whichever call comes first pays it: without the canary it is the engine's
 before each timed site exit an untimed `current_stream().query()` absorbs it, canary on and off
 alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
 `KV_CANARY_READBACK_INTERVAL=N` (a tagged status snapshot every N steps; the runtime's default is
-16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime).
+16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime);
+`--no-token-check` runs without the sampled-token check, so without the sampler wrap.
 After each site exit an empty Python call is timed (untimed for the canary): what the host's Python
 costs at that point of the step, as a yardstick for the sites' figures.
 
@@ -388,11 +389,15 @@ def main(argv=None):
     parser.add_argument("--sweep-interval", type=int, default=0,
                         help="kv_canary_sweep_interval for the runs (default 0: off, the runtime's default; the "
                              "demo sweeps every 2 steps)")
+    parser.add_argument("--no-token-check", action="store_true",
+                        help="kv_canary_token_check=0: no sampler wrap (and no sampled-token check)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
     args = parser.parse_args(argv)
     if args.readback_interval is not None:
         os.environ["KV_CANARY_READBACK_INTERVAL"] = str(args.readback_interval)
+    if args.no_token_check:
+        os.environ["KV_CANARY_TOKEN_CHECK"] = "0"
     if args.device == "cuda" and not args.no_absorb:
         # Not while a graph is being captured (the EAGLE draft chain's sites run inside its capture): a
         # stream query there is not permitted, and there is no graph launch to wait for.
@@ -419,7 +424,7 @@ def main(argv=None):
         cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
         cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
         readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "16")), absorbed=CLOCK.absorb is not None,
-        sweep_interval=args.sweep_interval,
+        sweep_interval=args.sweep_interval, token_check=not args.no_token_check,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
     table = markdown(rows)
