@@ -30,8 +30,8 @@ The stats line and the enable warning (``stats.py``) are fed from the snapshots 
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional
@@ -40,10 +40,9 @@ from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationE
 from canary_instrument.runtime.plan import IDLE, forward_kind, plan_from_batch
 from canary_instrument.runtime.readback import DelayedReadback, Snapshot
 from canary_instrument.runtime.settings import CanarySettings
-from canary_instrument.runtime.state import CanaryState, PlanInputs
+from canary_instrument.runtime.state import KERNEL_SWEEP, CanaryState, PlanInputs
 from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
-from canary_instrument.runtime.state import KERNEL_SWEEP
 from canary_instrument.runtime.violations import Violation
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -194,7 +193,6 @@ class CanaryManager:
         self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> its sub-forward managers
         self._single_listings: dict = {}  # int i -> the managers of the listing (i,)
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
-        self._active_contexts = {i: _ActiveForward(self, i) for i in range(num_single_forward)}
         self._readback = DelayedReadback(self._status, state.ring)
         # Post-forward passes planned by the end of a step, and that step, for the last steps (two deques
         # of ints kept in step: no tuple made per step): label the violations a published word reveals.
@@ -301,10 +299,7 @@ class CanaryManager:
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
-        # One reusable context per valid index (it holds no per-call state); anything else gets
-        # a fresh one whose entry raises the usual error.
-        ctx = self._active_contexts.get(index) if type(index) is int else None
-        return ctx if ctx is not None else _ActiveForward(self, index)
+        return self.site_context(None, None, index)
 
     def with_ops_outside_graph(
         self,
@@ -312,12 +307,13 @@ class CanaryManager:
         maybe_inaccurate_forward_batch: Any = None,
     ) -> "_OutsideGraph":
         """Plan the listed sub-forwards before the block; read results and snapshot after it."""
-        return _OutsideGraph(self, single_forward_indices, maybe_inaccurate_forward_batch)
+        indices = [0] if single_forward_indices is None else single_forward_indices
+        return self.site_context(maybe_inaccurate_forward_batch, indices, None)
 
     def site_context(self, forward_batch: Any = None, outside: Any = None, active: Optional[int] = None) -> Any:
-        """One wired site's context (``wiring.canary_context``): the outside-graph phases of the listed
-        sub-forwards and/or the active sub-forward, in one reusable object per (listing, active), so a
-        step builds nothing and enters one context instead of two inside a tuple."""
+        """One wired site's context (``wiring.canary_context``, and the two contexts above): the
+        outside-graph phases of the listed sub-forwards and/or the active sub-forward, in one reusable
+        object per (listing, active), so a step builds nothing and enters one context, not two."""
         if outside is None and active is None:
             return _NULL
         if type(outside) is list and len(outside) == 1 and type(active) is int:
@@ -331,6 +327,8 @@ class CanaryManager:
         elif outside is None or type(outside) is range:
             key = (outside, active)
         else:
+            if type(outside) not in (list, tuple):
+                outside = list(outside)  # an iterator: read it once
             key = (tuple(outside), active)
         try:
             site = self._sites.get(key)
@@ -445,7 +443,7 @@ class CanaryManager:
         if forward_batch is None:
             raise CanaryWiringError("kv canary: with_ops_outside_graph() needs the forward batch after init")
         for sfm in sfms:
-            if sfm.phase != _IDLE:
+            if sfm.phase is not _IDLE:
                 sfm._expect((_IDLE,), "with_ops_outside_graph()")
         planned = 0 if forward_kind(forward_batch) == IDLE else len(sfms)
         for sfm in sfms:
@@ -697,7 +695,6 @@ class CanaryManager:
 
         from canary_instrument.runtime.distributed import combine
 
-        # Violations read from the published words may be ahead of the last snapshot's count.
         reports = combine(self._group, self._last.violations, self._unhealthy is not None, self._last.written)
         total = sum(r.violations for r in reports)
         new_violations = total > self._violations_seen_by_ranks
@@ -722,31 +719,6 @@ class CanaryManager:
         if forward_batch is not None and forward_kind(forward_batch) != IDLE:
             seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
-
-
-class _ActiveForward:
-    """``with_active_single_forward_manager``'s context: reusable, since it holds only the index."""
-
-    __slots__ = ("_manager", "_index")
-
-    def __init__(self, manager: CanaryManager, index: Any):
-        self._manager = manager
-        self._index = index
-
-    def __enter__(self) -> SingleForwardManager:
-        manager = self._manager
-        sfm = manager._sub_forward(self._index)
-        if manager._active is not None:
-            raise CanaryWiringError(
-                f"kv canary: with_active_single_forward_manager({self._index}) nested inside "
-                f"with_active_single_forward_manager({manager._active.index})"
-            )
-        manager._active = sfm
-        return sfm
-
-    def __exit__(self, *exc_info: Any) -> bool:
-        self._manager._active = None
-        return False
 
 
 class _Site:
@@ -777,19 +749,7 @@ class _Site:
                     sfms = self._sfms = manager._listed(self._outside)
                 manager._outside_open = True
                 try:
-                    batch = self._batch
-                    if not manager.init_finished:
-                        self._planned = 0
-                    elif manager.perturber is None and batch is not None:
-                        # _pre_ops_outside_graph without a perturbation to apply, inline: it runs every step.
-                        for sfm in sfms:
-                            if sfm.phase is not _IDLE:
-                                sfm._expect((_IDLE,), "with_ops_outside_graph()")
-                        self._planned = 0 if forward_kind(batch) == IDLE else len(sfms)
-                        for sfm in sfms:
-                            sfm.phase = _PLANNED
-                    else:
-                        self._planned = manager._pre_ops_outside_graph(sfms, batch)
+                    self._planned = manager._pre_ops_outside_graph(sfms, self._batch) if manager.init_finished else 0
                 except BaseException:
                     manager._outside_open = False
                     raise
@@ -836,40 +796,3 @@ class _Site:
             manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
         finally:
             manager._outside_open = False
-
-
-class _OutsideGraph:
-    """``with_ops_outside_graph``'s context: a plain object (a generator context costs several
-    times the host time) that checks the phases on entry and ends the step on exit."""
-
-    __slots__ = ("_manager", "_indices", "_batch", "_sfms", "_planned")
-
-    def __init__(self, manager: CanaryManager, indices: Optional[Iterable[int]], forward_batch: Any):
-        self._manager = manager
-        self._indices = indices
-        self._batch = forward_batch
-        self._sfms: Optional[list] = None
-        self._planned = 0
-
-    def __enter__(self) -> None:
-        manager = self._manager
-        if manager._outside_open:
-            raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
-        sfms = manager._listed(self._indices)
-        self._sfms = sfms
-        manager._outside_open = True
-        try:
-            if manager.init_finished:
-                self._planned = manager._pre_ops_outside_graph(sfms, self._batch)
-        except BaseException:
-            manager._outside_open = False
-            raise
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        manager = self._manager
-        try:
-            manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
-        finally:
-            manager._outside_open = False
-        return False
