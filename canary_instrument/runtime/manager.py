@@ -30,7 +30,6 @@ The stats line and the enable warning (``stats.py``) are fed from the snapshots 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from canary_instrument.runtime.state import KERNEL_SWEEP, CanaryState, PlanInput
 from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.wiring import NULL_CONTEXT
 
 logger = logging.getLogger("canary_instrument.runtime")
 
@@ -73,7 +73,6 @@ _PACKED = len(STATUS)  # first packed (ring_count, post_runs) word of the publis
 _PUBLISH_SLOTS = 64
 _LOW32 = 0xFFFFFFFF
 _STEPS_REMEMBERED = 256  # steps whose post-forward totals label violations read late
-_NULL = contextlib.nullcontext()  # reusable: a site without a manager enters nothing
 
 
 @dataclass(frozen=True)
@@ -315,7 +314,7 @@ class CanaryManager:
         outside-graph phases of the listed sub-forwards and/or the active sub-forward, in one reusable
         object per (listing, active), so a step builds nothing and enters one context, not two."""
         if outside is None and active is None:
-            return _NULL
+            return NULL_CONTEXT
         if type(outside) is list and len(outside) == 1 and type(active) is int:
             # The usual wiring, `outside=[0], active=0`: found without making a key tuple.
             by_active = self._single_sites.get(outside[0])
@@ -492,8 +491,9 @@ class CanaryManager:
             # The usual step (no production feature switched on, one rank, no snapshot due or pending):
             # read the passes published since the last step, raise what they brought.
             nxt = self._read_passes + 1
-            if nxt <= self._planned and (self._published[_PACKED + nxt % _PUBLISH_SLOTS] >> 32) & _LOW32 == nxt & _LOW32:
-                self._poll_published()  # a pass has published since the last step
+            word = self._published[_PACKED + nxt % _PUBLISH_SLOTS]
+            if nxt <= self._planned and ((word >> 32) - nxt) & _LOW32 < 1 << 31:
+                self._poll_published()  # the next pass (or, read 64 passes late, a later one) has published
             if self._pending_raise or self._pending_lines or self._unhealthy is not None:
                 self._raise_pending(local=True)
             return

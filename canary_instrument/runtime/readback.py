@@ -2,9 +2,9 @@
 
 Violations reach the host without these (the post-forward passes publish into host-visible
 memory, manager.py); a snapshot ties the status to a step for the health check, the stats line
-and the SWA line. At the end of step N the current stream copies the small status vector (ring
-count, run counters, verify counts, SWA divergence; ``manager.STATUS``) into a pinned host slot with one
-non-blocking copy and records an event. At the end of a later step the host takes the oldest
+and the SWA line. At the end of a snapshot step N the current stream copies the small status
+vector (ring count, run counters, verify counts, SWA divergence; ``manager.STATUS``) into a
+pinned host slot with one non-blocking copy and records an event. At the end of a later step the host takes the oldest
 slot whose event has completed (``Event.query``, never a wait); a slot whose copy is not done
 yet simply stays pending. The counters are cumulative, so a snapshot that is read late or not
 taken (all slots busy: the device is several steps behind) loses nothing. On CPU the copy is

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Iterable, Optional
 
-_NULL = contextlib.nullcontext()  # reusable and reentrant: a site without a manager enters nothing
+NULL_CONTEXT = contextlib.nullcontext()  # reusable and reentrant: a site without a manager enters nothing
 
 
 class context_tuple:  # noqa: N801 - named like the sglang helper it replaces
@@ -75,7 +75,7 @@ def canary_context(
     A manager that offers ``site_context`` (ours) gives both in one reusable object; another engine's
     manager gets the pair of its own contexts."""
     if manager is None:
-        return _NULL
+        return NULL_CONTEXT
     site_context = getattr(manager, "site_context", None)
     if site_context is not None:
         return site_context(forward_batch, outside, active)
@@ -90,7 +90,7 @@ def canary_context(
     if active is not None:
         cms.append(manager.with_active_single_forward_manager(active))
     if not cms:
-        return _NULL
+        return NULL_CONTEXT
     return cms[0] if len(cms) == 1 else context_tuple(*cms)
 
 

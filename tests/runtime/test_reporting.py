@@ -172,3 +172,25 @@ def test_violation_line_round_trip():
     assert Violation.parse("unrelated") is None
     with pytest.raises(ValueError, match="malformed"):
         Violation.parse("kv_canary violation: kernel=pre_forward slot=x")
+
+
+def test_a_host_that_reads_more_than_64_passes_late_still_reports_every_violation(dev, canary_log):
+    """Each pass publishes into slot pass % 64; a host that stopped reading for longer finds a later pass
+    in the slot it expects, and that pass's count covers every record made since (step: that pass's)."""
+    runner = MiniRunner(server_args(kv_canary_readback_interval=1000), device=dev, size=512, max_context=128)
+    sched = Scheduler(runner)
+    mark_init_finished(runner.canary_manager)
+    reqs = [sched.new_request([11, 12, 13, 14]), sched.new_request([21, 22, 23, 24, 25])]
+    runner.forward(sched.extend(reqs))
+    manager = runner.canary_manager
+    manager._poll_published = lambda: None  # the host stops reading the published words
+    _remap_and_step(runner, sched, reqs)
+    step = manager.step
+    for i in range(66):  # every decode re-verifies the remapped position: records at every step
+        runner.forward(sched.decode(reqs, [41 + i, 51 + i]))
+    assert Violation.find_all(canary_log.text) == []
+    del manager._poll_published  # reading again
+    runner.forward(sched.decode(reqs, [7, 8]))
+    found = Violation.find_all(canary_log.text)
+    assert len(found) == manager.stats().violations == int(manager.state.ring_count[0])
+    assert min(v.step for v in found) > step and {v.req_pool_index for v in found} == {reqs[0].row}
