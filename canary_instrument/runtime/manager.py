@@ -189,8 +189,6 @@ class CanaryManager:
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
-        self._listings: dict = {}  # a listing as passed (None, range, int tuple) -> its sub-forward managers
-        self._single_listings: dict = {}  # int i -> the managers of the listing (i,)
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._readback = DelayedReadback(self._status, state.ring)
         # Post-forward passes planned by the end of a step, and that step, for the last steps (two deques
@@ -315,59 +313,33 @@ class CanaryManager:
         object per (listing, active), so a step builds nothing and enters one context, not two."""
         if outside is None and active is None:
             return NULL_CONTEXT
-        if type(outside) is list and len(outside) == 1 and type(active) is int:
+        if outside is not None and type(outside) not in (list, tuple, range):
+            outside = list(outside)  # an iterator: read it once
+        single = type(outside) is list and len(outside) == 1 and type(outside[0]) is int and type(active) is int
+        if single:
             # The usual wiring, `outside=[0], active=0`: found without making a key tuple.
             by_active = self._single_sites.get(outside[0])
             site = by_active.get(active) if by_active is not None else None
             if site is not None and not site._busy:
                 site._batch = forward_batch
                 return site
-            key = (outside[0], active)
-        elif outside is None or type(outside) is range:
-            key = (outside, active)
-        else:
-            if type(outside) not in (list, tuple):
-                outside = list(outside)  # an iterator: read it once
-            key = (tuple(outside), active)
-        try:
-            site = self._sites.get(key)
-        except TypeError:  # an unhashable listing: validated on entry like any other
-            site, key = None, None
+        key = _site_key(outside, active)
+        site = self._sites.get(key) if key is not None else None
         if site is None or site._busy:
             site = _Site(self, outside, active)
             if key is not None and key not in self._sites and len(self._sites) < 256:
                 self._sites[key] = site
-                if type(outside) is list and len(outside) == 1 and type(active) is int and type(outside[0]) is int:
+                if single:
                     self._single_sites.setdefault(outside[0], {})[active] = site
         site._batch = forward_batch
         return site
 
     def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
-        """The sub-forward managers of a listing; validated once per distinct listing."""
-        key = single_forward_indices
-        if type(key) is list and len(key) == 1:  # the usual wiring, `outside=[0]`: no tuple, no scan
-            found = self._single_listings.get(key[0]) if type(key[0]) is int else None
-            if found is not None:
-                return found
-        if key is None or type(key) is range:
-            pass
-        elif type(key) in (list, tuple):
-            key = tuple(key)
-            if not all(type(i) is int for i in key):
-                key = False  # not cacheable (validation depends on more than the values)
-        else:
-            key = False
-        found = self._listings.get(key) if key is not False else None
-        if found is not None:
-            return found
+        """The sub-forward managers of a listing, validated (a site resolves its listing once)."""
         indices = [0] if single_forward_indices is None else list(single_forward_indices)
         sfms = [self._sub_forward(i) for i in indices]
         if len({s.index for s in sfms}) != len(sfms):
             raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
-        if key is not False and len(self._listings) < 256:
-            self._listings[key] = sfms
-            if type(key) is tuple and len(key) == 1:
-                self._single_listings[key[0]] = sfms
         return sfms
 
     # Called by the bracketed model.forward.
@@ -719,6 +691,18 @@ class CanaryManager:
         if forward_batch is not None and forward_kind(forward_batch) != IDLE:
             seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
+
+
+def _site_key(outside: Any, active: Any) -> Any:
+    """The cache key of a site, or None where validation depends on more than the values (``1.0``
+    and ``True`` equal ``1`` as keys but are not sub-forward indices alike): int indices only."""
+    if active is not None and type(active) is not int:
+        return None
+    if outside is None or type(outside) is range:
+        return (outside, active)
+    if all(type(i) is int for i in outside):
+        return (tuple(outside), active)
+    return None
 
 
 class _Site:

@@ -201,3 +201,16 @@ def test_draft_worker_guard_in_the_generated_member(dev):
     with pytest.raises(CanaryWiringError, match="not wired"):
         runner.forward(batch)
     assert ops.calls == []
+
+
+def test_a_reused_site_does_not_accept_an_index_that_only_equals_a_valid_one(dev):
+    """Sites are cached per (listing, active); 1.0 equals 1 as a key but is no sub-forward index."""
+    manager = _runner(dev, args=server_args(speculative_num_steps=3))[0].canary_manager
+    with manager.with_active_single_forward_manager(1):
+        pass
+    with pytest.raises(CanaryWiringError, match="out of range"):
+        with manager.with_active_single_forward_manager(1.0):
+            pass
+    with pytest.raises(CanaryWiringError, match="out of range"):
+        with manager.with_ops_outside_graph([1.0], None):
+            pass
