@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections import deque
 from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
@@ -54,13 +53,17 @@ def find_target(req_to_token: Any) -> Optional[Any]:
     return found[1]()
 
 
-# The inbox reads the sampler's tensors by address when the next forward runs, so they must not
-# change in between. A sampler that returns fresh tensors (sglang's) never shares memory with
-# earlier samples the canary still holds; one that hands back a buffer it rewrites (a view of a
-# persistent output, double buffering) does, and from then on each sample is snapshotted (one
-# device copy). The first samples are snapshotted while there is nothing to compare with yet.
+# The inbox reads the sampler's tensors by address when the next forward runs, so the tokens must
+# not change in between. A sampler that returns new tensors (sglang's) never hands back one the
+# canary still holds; one that returns a buffer it rewrites (the same tensor, or views of one
+# persistent output, or a few of them in turn) does, and from then on each sample is copied (one
+# device op). Told apart by identity: the tensor, or the tensor it is a view of, against the last
+# samples', which the canary keeps alive so that no new tensor can take their place. The first
+# samples are copied while there is nothing to compare with yet. (The req-pool rows are the forward
+# batch's own tensor, which an engine may keep from step to step while the batch is unchanged:
+# that is not a rewrite, and they are read in place.)
 _PROBATION = 2
-_RECENT = 4  # earlier samples a new one is compared with (and held, so no fresh tensor can reuse their memory)
+_RECENT = 4
 
 
 class SampledTokens:
@@ -77,50 +80,44 @@ class SampledTokens:
         # int32: sglang's samplers return int32 token ids (int64 is read as its low word).
         self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
         self.inbox = SampleInbox(device)
-        self._device = self.table.device
-        self._kinds = (torch.int32, torch.int64)
-        self._recent: deque = deque(maxlen=_RECENT)  # (spans, rows, tokens) of the last samples
+        self._cuda = self.table.is_cuda
+        self._int32, self._int64 = torch.int32, torch.int64
+        self._recent = [None] * _RECENT  # the last samples' token tensors (or the tensors they view)
+        self._recent_ids = [0] * _RECENT
+        self._next = 0
         self._snapshots_left = _PROBATION
-        self.snapshot_every_sample = False  # set once the sampler was seen reusing memory
+        self.snapshot_every_sample = False  # set once the sampler was seen handing back a tensor again
 
     def record(self, req_pool_indices: Any, next_token_ids: Any, tag: int, forwards_done: int) -> bool:
         """Queue ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b, filed by the
         first pre-forward pass of forward index >= ``tag``; False when the inbox dropped it."""
         rows, tokens = req_pool_indices, next_token_ids
-        if tokens.dtype not in self._kinds or tokens.device != self._device:
-            tokens = tokens.to(self._device, self.table.dtype)
-        if rows.dtype not in self._kinds or rows.device != self._device:
-            rows = rows.to(self._device, self.table.dtype)
+        int32, int64 = self._int32, self._int64
+        dtype = tokens.dtype
+        if (dtype is not int32 and dtype is not int64) or tokens.is_cuda is not self._cuda:
+            tokens = tokens.to(self.table.device, int32)
+        dtype = rows.dtype
+        if (dtype is not int32 and dtype is not int64) or rows.is_cuda is not self._cuda:
+            rows = rows.to(self.table.device, int64)
         if not self.snapshot_every_sample:
-            spans = _span(rows) + _span(tokens)
-            for earlier in self._recent:
-                if _overlap(spans, earlier[0]):
-                    self.snapshot_every_sample = True
-                    self._recent.clear()
-                    logger.info("kv canary: the sampler reuses its output memory; each sample is copied from now on")
-                    break
+            base = tokens._base
+            if base is None:
+                base = tokens
+            if id(base) in self._recent_ids:
+                self.snapshot_every_sample = True
+                self._recent = self._recent_ids = []
+                logger.info("kv canary: the sampler hands back a tensor it returned before; each sample is "
+                            "copied from now on")
             else:
-                self._recent.append((spans, rows, tokens))
+                i = self._next
+                self._recent[i] = base
+                self._recent_ids[i] = id(base)
+                self._next = (i + 1) % _RECENT
         if self.snapshot_every_sample or self._snapshots_left:
             if self._snapshots_left:
                 self._snapshots_left -= 1
-            rows, tokens = rows.clone(), tokens.clone()
+            tokens = tokens.clone()
         return self.inbox.send(rows, tokens, tag, forwards_done)
-
-
-def _span(t: Any) -> tuple[int, int]:
-    """The bytes a 1-D tensor reaches: [first, last]."""
-    start = t.data_ptr()
-    return start, start + max(0, t.shape[0] - 1) * t.stride(0) * t.element_size() + t.element_size() - 1
-
-
-def _overlap(a: tuple, b: tuple) -> bool:
-    """Whether any span of ``a`` (rows, tokens) meets any span of ``b``."""
-    for i in (0, 2):
-        for j in (0, 2):
-            if a[i] <= b[j + 1] and b[j] <= a[i + 1]:
-                return True
-    return False
 
 
 def wrap_sample(model_runner: Any, manager: Any) -> bool:

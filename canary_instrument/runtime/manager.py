@@ -243,6 +243,7 @@ class CanaryManager:
         # No production feature switched on and one rank: most steps then only read the published words.
         self._quiet = (self.perturber is None and self.sweeper is None and self._world == 1
                        and not self._stats_interval and not self._swa_interval)
+        self._fast = False  # init finished and quiet: sites take their inline path (_Site)
 
     def _make_sweeper(self, settings: CanarySettings, ops: Any) -> Any:
         if not settings.sweep_interval or self.is_draft:
@@ -270,6 +271,7 @@ class CanaryManager:
         if not self.init_finished:
             self.enabled.fill_(1)
         self.init_finished = True
+        self._fast = self._quiet
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
@@ -467,16 +469,6 @@ class CanaryManager:
         if planned:
             self._step_passes.append(self._planned)
             self._step_numbers.append(step)
-        if self._quiet and step % self._readback_interval and not self._readback._pending:
-            # The usual step (no production feature switched on, one rank, no snapshot due or pending):
-            # read the passes published since the last step, raise what they brought.
-            nxt = self._read_passes + 1
-            word = self._published[_PACKED + nxt % _PUBLISH_SLOTS]
-            if nxt <= self._planned and ((word >> 32) - nxt) & _LOW32 < 1 << 31:
-                self._poll_published()  # the next pass (or, read 64 passes late, a later one) has published
-            if self._pending_raise or self._pending_lines or self._unhealthy is not None:
-                self._raise_pending(local=True)
-            return
         self._step_end(forward_batch)
 
     def _step_end(self, forward_batch: Any) -> None:
@@ -717,7 +709,8 @@ class _Site:
     """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
     entered and left as the nested pair would be, with no objects made per step."""
 
-    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_active_sfm", "_planned", "_batch", "_busy")
+    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_active_sfm", "_planned", "_batch", "_busy", "_inline",
+                 "_mode", "_mode_idle")
 
     def __init__(self, manager: CanaryManager, outside: Any, active: Optional[int]):
         self._manager = manager
@@ -728,9 +721,39 @@ class _Site:
         self._planned = 0
         self._batch: Any = None
         self._busy = False
+        self._inline = False  # entered by the inline path, to be left by it
+        self._mode: Any = None  # the last forward mode seen with a non-empty batch, and whether it is idle
+        self._mode_idle = False
 
     def __enter__(self) -> Any:
         manager = self._manager
+        sfms = self._sfms
+        # The usual step of a quiet manager (init finished, no production feature on, one rank), inline:
+        # this runs once per step with the host's caches cold from the engine's own work, where every
+        # call and attribute read costs (bench/runtime/RESULTS.md). Anything else takes the general path.
+        if sfms is not None and manager._fast and not manager._outside_open and manager._active is None:
+            batch = self._batch
+            mode = getattr(batch, "forward_mode", None)
+            active = self._active_sfm
+            if mode is not None and (active is not None or self._active is None):
+                for sfm in sfms:
+                    if sfm.phase is not _IDLE:
+                        break
+                else:
+                    if mode is self._mode and getattr(batch, "batch_size", 0):
+                        idle = self._mode_idle
+                    else:
+                        idle = forward_kind(batch) == IDLE
+                        if getattr(batch, "batch_size", 0):
+                            self._mode, self._mode_idle = mode, idle
+                    for sfm in sfms:
+                        sfm.phase = _PLANNED
+                    self._planned = manager._open_planned = 0 if idle else len(sfms)
+                    manager._outside_open = True
+                    manager._active = active
+                    self._busy = self._inline = True
+                    return active
+        self._inline = False
         self._busy = True
         try:
             if self._outside is not None:
@@ -770,6 +793,13 @@ class _Site:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         manager = self._manager
+        if self._inline and exc_type is None:
+            sfms = self._sfms
+            for sfm in sfms:
+                if sfm.phase is _PRE_DONE:
+                    break  # a wiring error: the general path reports it
+            else:
+                return self._leave_inline(manager, sfms)
         try:
             if self._active is not None:
                 manager._active = None
@@ -782,6 +812,38 @@ class _Site:
             self._busy = False
             self._batch = None
         return False
+
+    def _leave_inline(self, manager: CanaryManager, sfms: list) -> bool:
+        """``_post_ops_outside_graph`` of a clean forward on a quiet manager: count the step, then read the
+        passes published since the last one and raise what they brought (a snapshot step, or one with a
+        snapshot pending, takes the manager's whole step end)."""
+        manager._active = None
+        manager._forwards += 1
+        for sfm in sfms:
+            sfm.phase = _IDLE
+            sfm.plan = None
+        planned = self._planned
+        batch = self._batch
+        self._busy = False
+        self._batch = None
+        try:
+            manager._step = step = manager._step + 1
+            if planned:
+                manager._planned = total = manager._planned + planned
+                manager._step_passes.append(total)
+                manager._step_numbers.append(step)
+            if step % manager._readback_interval == 0 or manager._readback._pending:
+                manager._step_end(batch)
+                return False
+            nxt = manager._read_passes + 1
+            word = manager._published[_PACKED + nxt % _PUBLISH_SLOTS]
+            if nxt <= manager._planned and ((word >> 32) - nxt) & _LOW32 < 1 << 31:
+                manager._poll_published()  # the next pass (or, read 64 passes late, a later one) has published
+            if manager._pending_raise or manager._pending_lines or manager._unhealthy is not None:
+                manager._raise_pending(local=True)
+            return False
+        finally:
+            manager._outside_open = False
 
     def _leave_outside(self, exc_type: Any) -> None:
         manager = self._manager

@@ -65,10 +65,19 @@ class SampleInbox:
         if n >= SLOTS and forwards_done <= words[base + TAG]:
             self.dropped += 1
             return False
-        rows_stride = _stride32(rows, self._int32, self._int64)
-        tokens_stride = _stride32(tokens, self._int32, self._int64)
-        if rows_stride is None or tokens_stride is None:
-            raise TypeError(f"kv canary: sampled rows/tokens must be int32 or int64, got {rows.dtype}/{tokens.dtype}")
+        int32, int64 = self._int32, self._int64
+        if rows.dtype is int32:
+            rows_stride = rows.stride(0)
+        elif rows.dtype is int64:
+            rows_stride = 2 * rows.stride(0)
+        else:
+            raise TypeError(f"kv canary: sampled rows must be int32 or int64, got {rows.dtype}")
+        if tokens.dtype is int32:
+            tokens_stride = tokens.stride(0)
+        elif tokens.dtype is int64:
+            tokens_stride = 2 * tokens.stride(0)
+        else:
+            raise TypeError(f"kv canary: sampled tokens must be int32 or int64, got {tokens.dtype}")
         self.kept[slot] = (rows, tokens)
         words[base + TAG] = tag
         words[base + ROWS] = rows.data_ptr()
@@ -94,12 +103,3 @@ class SampleInbox:
             taken += 1
         self.taken[0] = taken
         return out
-
-
-def _stride32(t: Any, int32: Any, int64: Any) -> Any:
-    """The stride of a 1-D int32/int64 tensor in int32 words, or None for another dtype."""
-    if t.dtype is int32:
-        return t.stride(0)
-    if t.dtype is int64:
-        return 2 * t.stride(0)
-    return None
