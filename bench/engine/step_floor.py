@@ -158,8 +158,8 @@ class Layer0Runner:
         self.canary_manager = install_canary(server_args=self.server_args, model_runner=self)
 
     def sample(self, logits_output, forward_batch):
-        """sglang's `ModelRunner.sample` shape: a new int32 tensor of one token per request (set by the bench)."""
-        return self.next_token_ids.clone()
+        """sglang's `ModelRunner.sample` shape: one int32 token per request (set by the bench)."""
+        return self.next_token_ids
 
 
 def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: int, reps: int,

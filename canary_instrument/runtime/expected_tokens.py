@@ -3,10 +3,8 @@
 Two sources, one per kind of runner:
 
 - Target runner: the sampler. ``model_runner.sample(logits_output, forward_batch)`` (sglang's
-  ``ModelRunner.sample``) is wrapped on the instance; after it returns, each request's sampled
-  token is bound for a per-req-pool-row table (``SampledTokens``): the host queues the sampler's
-  own tensors by address (no device op, sample_inbox.py) and the next pre-forward pass files
-  them into the table on the device. That token is
+  ``ModelRunner.sample``) is wrapped on the instance; after it returns, one device op records
+  each request's sampled token in a per-req-pool-row table (``SampledTokens``). That token is
   what the engine must feed back as the request's next input, so the post-forward pass of the
   next decode compares the row it wrote at the request's first new position with it. Every
   post-forward pass consumes the entries of its requests, so an entry is only ever compared by
@@ -23,11 +21,8 @@ Two sources, one per kind of runner:
 from __future__ import annotations
 
 import functools
-import logging
 import weakref
 from typing import Any, Optional
-
-logger = logging.getLogger(__name__)
 
 _SAMPLE_MARK = "__kv_canary_sample_wrapped__"
 
@@ -53,71 +48,29 @@ def find_target(req_to_token: Any) -> Optional[Any]:
     return found[1]()
 
 
-# The inbox reads the sampler's tensors by address when the next forward runs, so the tokens must
-# not change in between. A sampler that returns new tensors (sglang's) never hands back one the
-# canary still holds; one that returns a buffer it rewrites (the same tensor, or views of one
-# persistent output, or a few of them in turn) does, and from then on each sample is copied (one
-# device op). Told apart by identity: the tensor, or the tensor it is a view of, against the last
-# samples', which the canary keeps alive so that no new tensor can take their place. The first
-# samples are copied while there is nothing to compare with yet. (The req-pool rows are the forward
-# batch's own tensor, which an engine may keep from step to step while the batch is unchanged:
-# that is not a rewrite, and they are read in place.)
-_PROBATION = 2
-_RECENT = 4
+_INT64: Any = None  # torch.int64, bound when the first table is made (this module imports no torch)
 
 
 class SampledTokens:
-    """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none.
-
-    Filled on the device: ``record`` only queues the sampler's own tensors in the sample inbox
-    (sample_inbox.py, no device op), and the next pre-forward pass files them into the table."""
+    """int32 [max_reqs]: the token the sampler last produced for each req-pool row; -1 = none."""
 
     def __init__(self, max_reqs: int, device: Any):
         import torch
 
-        from canary_instrument.runtime.sample_inbox import SampleInbox
-
-        # int32: sglang's samplers return int32 token ids (int64 is read as its low word).
+        # int32: sglang's samplers return int32 token ids; a sampler that returns another dtype
+        # costs one cast per step.
         self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
-        self.inbox = SampleInbox(device)
-        self._cuda = self.table.is_cuda
-        self._int32, self._int64 = torch.int32, torch.int64
-        self._recent = [None] * _RECENT  # the last samples' token tensors (or the tensors they view)
-        self._recent_ids = [0] * _RECENT
-        self._next = 0
-        self._snapshots_left = _PROBATION
-        self.snapshot_every_sample = False  # set once the sampler was seen handing back a tensor again
+        global _INT64
+        _INT64 = torch.int64
 
-    def record(self, req_pool_indices: Any, next_token_ids: Any, tag: int, forwards_done: int) -> bool:
-        """Queue ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b, filed by the
-        first pre-forward pass of forward index >= ``tag``; False when the inbox dropped it."""
-        rows, tokens = req_pool_indices, next_token_ids
-        int32, int64 = self._int32, self._int64
-        dtype = tokens.dtype
-        if (dtype is not int32 and dtype is not int64) or tokens.is_cuda is not self._cuda:
-            tokens = tokens.to(self.table.device, int32)
-        dtype = rows.dtype
-        if (dtype is not int32 and dtype is not int64) or rows.is_cuda is not self._cuda:
-            rows = rows.to(self.table.device, int64)
-        if not self.snapshot_every_sample:
-            base = tokens._base
-            if base is None:
-                base = tokens
-            if id(base) in self._recent_ids:
-                self.snapshot_every_sample = True
-                self._recent = self._recent_ids = []
-                logger.info("kv canary: the sampler hands back a tensor it returned before; each sample is "
-                            "copied from now on")
-            else:
-                i = self._next
-                self._recent[i] = base
-                self._recent_ids[i] = id(base)
-                self._next = (i + 1) % _RECENT
-        if self.snapshot_every_sample or self._snapshots_left:
-            if self._snapshots_left:
-                self._snapshots_left -= 1
-            tokens = tokens.clone()
-        return self.inbox.send(rows, tokens, tag, forwards_done)
+    def record(self, req_pool_indices: Any, next_token_ids: Any) -> None:
+        """One device op: ``table[req_pool_indices[b]] = next_token_ids[b]`` for every request b."""
+        table = self.table
+        if next_token_ids.dtype is not table.dtype:
+            next_token_ids = next_token_ids.to(table.dtype)
+        if req_pool_indices.dtype is not _INT64:
+            req_pool_indices = req_pool_indices.long()
+        table.index_copy_(0, req_pool_indices, next_token_ids)
 
 
 def wrap_sample(model_runner: Any, manager: Any) -> bool:

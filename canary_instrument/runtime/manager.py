@@ -186,7 +186,6 @@ class CanaryManager:
         self._published = memoryview(state.published.numpy())  # indexing gives a Python int
         self._sampled = sampled_tokens
         state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
-        state.sample_inbox = sampled_tokens.inbox if sampled_tokens is not None else None
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
@@ -211,7 +210,6 @@ class CanaryManager:
         self.init_finished = False
         self._active: Optional[SingleForwardManager] = None
         self._outside_open = False
-        self._open_planned = 0  # sub-forwards the open site planned
         self._step = 0
         self._planned = 0  # enabled sub-forward plans since init finished
         self._seen = 0  # ring records read so far
@@ -275,13 +273,11 @@ class CanaryManager:
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
-        status vector and its publish counter, the violation ring, the sampled-token table and the sample
-        inbox's counter. Plans are
+        status vector and its publish counter, the violation ring and the sampled-token table. Plans are
         read from the forward batch's own tensors, so the Triton passes allocate nothing per forward.
-        (The published mirror and the inbox's entries are pinned host memory, not counted here.)"""
+        (The published mirror is pinned host memory, not counted here.)"""
         state = self.state
-        taken = state.sample_inbox.taken if state.sample_inbox is not None else None
-        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens, taken]
+        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
@@ -289,9 +285,8 @@ class CanaryManager:
         self.radix_cache = tree_cache
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
-        """After ``model_runner.sample``: queue each request's sampled token for its req-pool row, filed
-        on the device by the next forward's pre-forward pass (no device op here). Skipped before init
-        (warm-up samples) and for outputs that are not one token per request."""
+        """After ``model_runner.sample``: record each request's sampled token for its req-pool row (one
+        device op). Skipped before init (warm-up samples) and for outputs that are not one token per request."""
         sampled = self._sampled
         if sampled is None or not self.init_finished or forward_batch is None:
             return
@@ -299,10 +294,7 @@ class CanaryManager:
         shape = getattr(next_token_ids, "shape", None)
         if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
             return
-        # The next forward's index: post-forward passes planned so far, this site's included when the
-        # sampler runs inside an open one (its passes are launched, not yet counted in _planned).
-        tag = self._planned + (self._open_planned if self._outside_open else 0)
-        sampled.record(rows, next_token_ids, tag, self._read_passes)
+        sampled.record(rows, next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
@@ -748,7 +740,7 @@ class _Site:
                             self._mode, self._mode_idle = mode, idle
                     for sfm in sfms:
                         sfm.phase = _PLANNED
-                    self._planned = manager._open_planned = 0 if idle else len(sfms)
+                    self._planned = 0 if idle else len(sfms)
                     manager._outside_open = True
                     manager._active = active
                     self._busy = self._inline = True
@@ -765,7 +757,6 @@ class _Site:
                 manager._outside_open = True
                 try:
                     self._planned = manager._pre_ops_outside_graph(sfms, self._batch) if manager.init_finished else 0
-                    manager._open_planned = self._planned
                 except BaseException:
                     manager._outside_open = False
                     raise

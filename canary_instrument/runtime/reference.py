@@ -23,9 +23,6 @@ Semantics beyond docs/architecture.md, shared by both backends:
   failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
 - The plan comes from the batch (``PlanInputs``): rows ``r < num_reqs`` whose req-pool index is
   0 are graph padding and skipped, but their tokens still occupy ``input_ids``.
-- Sample inbox: with ``sample_inbox`` and ``sampled_tokens`` (target), the pre-forward pass first
-  files every queued sample due at this forward (its tag <= post runs so far) into the table,
-  in queue order (sample_inbox.py); later entries for a row overwrite earlier ones.
 - Expected tokens: with ``sampled_tokens`` (target), the post-forward pass of a decode
   (``check_sampled``) compares the row at each request's first new position with its row's
   entry (>= 0), and every post-forward pass then clears the entries of its requests that wrote
@@ -317,23 +314,10 @@ def _segmented_scan(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor) -> tupl
     return a, b
 
 
-def _file_samples(state: CanaryState) -> None:
-    """The kernels' ``file_samples``: the sample inbox's entries due at this forward (index = post runs so
-    far) go into the sampled-token table, in the order they were queued."""
-    table = state.sampled_tokens
-    forward = int(state.counters[1]) if state.counters is not None else 0
-    for rows, tokens in state.sample_inbox.pending(forward):
-        rows = rows.long()
-        ok = (rows > 0) & (rows < table.shape[0])
-        table[rows[ok]] = tokens[ok].to(table.dtype)
-
-
 def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
     """Verify every request's prefix in every group/half, then write the rows of its new tokens."""
     if int(plan.enabled[0]) == 0:
         return
-    if state.sample_inbox is not None and state.sampled_tokens is not None:
-        _file_samples(state)
     batch = _batch(plan)
     lo = _window_lo(state, batch)
     records, verified, written = [], {}, 0

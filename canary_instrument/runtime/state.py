@@ -8,7 +8,7 @@ reference) only read this structure. Nothing here imports torch at module import
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -94,10 +94,6 @@ class CanaryState:
     # post-forward pass of a decode checks the row it wrote at the request's first new position
     # against it, and every post-forward pass consumes (clears) the entries of its requests.
     sampled_tokens: Optional["torch.Tensor"] = None
-    # Target: the sampler's tensors queued by address (sample_inbox.SampleInbox); the pre-forward pass
-    # files the entries due into ``sampled_tokens`` before anything reads it. None: the table is
-    # written directly (tests).
-    sample_inbox: Optional[Any] = None
     # Draft worker: the target's FULL-group K canary rows [slots, 4] (same req_to_token, same slot
     # numbers); the pre-forward pass checks the token of draft position p against the target's p + 1.
     target_rows: Optional["torch.Tensor"] = None

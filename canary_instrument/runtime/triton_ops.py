@@ -157,13 +157,6 @@ class TritonCanaryOps:
             state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
             expected, expected_len, expected_arg,
         ]
-        # The sample inbox (sample_inbox.py): filed into the sampled-token table by the pre-forward pass.
-        inbox = state.sample_inbox if kernel_name == "canary_pre_forward" and state.sampled_tokens is not None else None
-        if inbox is not None:
-            args += [inbox.entries, inbox.entries.shape[0], inbox.taken, state.sampled_tokens,
-                     state.sampled_tokens.shape[0]]
-        else:
-            args += [expected, 1, expected, expected, 0]
         for g in state.groups:
             args.append(g.rows)
             if spec.realkv != "none":
@@ -197,7 +190,6 @@ class TritonCanaryOps:
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
                 PUBLISH=publish,
                 STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
-                INBOX=inbox is not None,
                 num_warps=self.num_warps or launch.num_warps,
             )
         except Exception as exc:
