@@ -131,6 +131,11 @@ class _NoOpModel(torch.nn.Module):
         return None
 
 
+# Req-pool rows, as sglang sizes req_to_token by default (max_running_requests 2048-4096, plus the
+# padding row): the canary must cost no more in a deployment's pool than in one sized to the batch.
+POOL_ROWS = 4097
+
+
 class Layer0Runner:
     """What `install_canary` reads from a model runner, with one Llama-shaped KV layer and a sampler."""
 
@@ -150,8 +155,8 @@ class Layer0Runner:
         # Req-pool row 0 is sglang's padding row; request r uses row r + 1, whose position p sits in
         # slot 1 + r * slots_per_req + p (contiguous pages; slot 0 is padding too).
         slots = torch.arange(1, size + 1, dtype=torch.int32, device=device).view(reqs, slots_per_req)
-        table = torch.zeros((reqs + 1, slots_per_req), dtype=torch.int32, device=device)
-        table[1:] = slots
+        table = torch.zeros((max(reqs + 1, POOL_ROWS), slots_per_req), dtype=torch.int32, device=device)
+        table[1 : reqs + 1] = slots
         self.req_to_token_pool = SimpleNamespace(req_to_token=table)
         self.model = _NoOpModel()
         self.next_token_ids = torch.zeros(reqs, dtype=torch.int32, device=device)
@@ -468,7 +473,8 @@ def markdown(report: dict) -> str:
         "Floor = (16e9 B of weights + requests x context x 128 KiB of KV) / copy bandwidth. Canary device = "
         "the runtime's pre- + post-forward passes in a CUDA graph (median per bracket over a graph of "
         f"{report['reps']} brackets); host = its outside-graph contexts per decode step (median of "
-        f"{report['host_steps']} steps); canary off = 0. Goal: total <= {GOAL_PERCENT} % of the floor.",
+        f"{report['host_steps']} steps); canary off = 0. The req pool has {POOL_ROWS} rows, sglang's default "
+        f"capacity. Goal: total <= {GOAL_PERCENT} % of the floor.",
         "",
         "| requests x context | KV read (GB) | floor (us) | canary off (us) | canary device (us) | canary host (us) "
         "| canary total (us) | device % of floor | total % of floor | goal | violations |",

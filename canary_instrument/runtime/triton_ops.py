@@ -70,6 +70,18 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+MIN_MAX_BS = 16
+
+
+def plan_width(num_reqs: int) -> int:
+    """The kernels' MAX_BS: lanes of the per-request plan every program rebuilds in registers, the
+    batch size rounded up to a power of two (at least 16). Sized by the batch, not the req-pool
+    capacity: sglang's pool has 2049-4097 rows by default, and plan vectors that wide spill and cost
+    every program a scan of thousands of lanes (bench/kernels/RESULTS.md). A captured graph has one
+    batch size, so it compiles one variant; eager batches add at most one per power of two."""
+    return max(MIN_MAX_BS, _next_pow2(max(1, int(num_reqs))))
+
+
 def state_spec(state: CanaryState) -> Spec:
     v_half = any(g.half == 1 for g in state.groups)
     spec = spec_for(state.layout, v_half, state.realkv)
@@ -109,12 +121,14 @@ class TritonCanaryOps:
     name = "triton"
 
     def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, maxnreg: int | None = None):
         if block is not None and (block < 2 or block & (block - 1)):
             raise ValueError(f"TritonCanaryOps(block={block}): must be a power of two >= 2")
         self.block = block
         self.programs = programs
         self.num_warps = num_warps
+        # Benchmarks only: cap registers per thread (more resident programs per multiprocessor).
+        self.options = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
@@ -183,14 +197,14 @@ class TritonCanaryOps:
                 *args,
                 RING_SIZE=ring.shape[0],
                 EXPECTED=expected_mode,
-                # Sized by the req-pool capacity, not the batch: one compiled variant serves every batch size.
-                MAX_BS=_next_pow2(max(1, plan.num_reqs, state.req_to_token.shape[0])),
+                MAX_BS=plan_width(plan.num_reqs),
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
                 PUBLISH=publish,
                 STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
                 num_warps=self.num_warps or launch.num_warps,
+                **self.options,
             )
         except Exception as exc:
             raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])

@@ -81,12 +81,13 @@ def make_scenario(
     max_context: int = 96,
     expected_tokens: bool = True,
     target_margin: int = 1,
+    pool_rows: int = 0,
     unfingerprinted: float = 0.2,
     device: str = "cpu",
 ) -> Scenario:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    max_reqs = max_bs + 3
+    max_reqs = max(max_bs + 3, pool_rows)  # req-pool capacity; sglang's default is 2049-4097 rows
     pools = rng.sample(range(1, max_reqs), num_reqs)  # req-pool row 0 is the padding row
     requests: list[Request] = []
     for r in range(num_reqs):

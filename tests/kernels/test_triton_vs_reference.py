@@ -76,6 +76,22 @@ def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, 
     assert violations(sc.state) == []
 
 
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_small_batch_in_a_big_req_pool(device, layout):
+    # sglang's req pool has thousands of rows; the kernels size their per-request plan by the batch, so
+    # requests on rows far beyond the plan's width must check and write exactly as in a small pool.
+    sc = make_scenario(layout, "partial", seed=13, num_reqs=3, max_bs=3, prefix_lens=[11, 0, 6],
+                       extend_lens=[1, 9, 1], pool_rows=4097, swa_window=6, max_context=24,
+                       full_slots=96, swa_slots=64, device=device)
+    assert int(sc.plan.req_pool_indices[:3].max()) > 64
+    run_both(sc, _ops())
+    assert violations(sc.state) == []
+    sc.plan.prefix_lens[:3] += sc.plan.extend_lens[:3]
+    sc.plan.extend_lens[:3] = 0
+    run_both(sc, _ops(), passes=("pre",))
+    assert violations(sc.state) == []
+
+
 @pytest.mark.parametrize("block", [8, 16, 128])
 def test_long_write_matches_the_serial_chain(device, block):
     # One request writes 70 tokens after a 5-token prefix: with BLOCK 8, 9 chunks, the last composing
