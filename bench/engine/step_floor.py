@@ -216,7 +216,7 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
         seq_lens=torch.full((reqs,), prefill_len, device=device),
         input_ids=tokens[:, :prefill_len].reshape(-1).long().to(device),
         positions=torch.arange(prefill_len, device=device).repeat(reqs),
-        out_cache_loc=table[1:, :prefill_len].reshape(-1).long(),
+        out_cache_loc=table[1 : reqs + 1, :prefill_len].reshape(-1).long(),
         extend_prefix_lens=torch.zeros(reqs, dtype=torch.int32, device=device),
         extend_seq_lens=torch.full((reqs,), prefill_len, dtype=torch.int32, device=device),
     )
@@ -230,7 +230,7 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
         static.input_ids.copy_(tokens[:, position])
         static.positions.fill_(position)
         static.seq_lens.fill_(position + 1)
-        static.out_cache_loc.copy_(table[1:, position])
+        static.out_cache_loc.copy_(table[1 : reqs + 1, position])
         runner.next_token_ids.copy_(tokens[:, position + 1])
 
     # Device time: one decode step's plan, the bracket replayed `reps` times in one graph (verify
