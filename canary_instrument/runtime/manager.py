@@ -185,7 +185,9 @@ class CanaryManager:
         state.publish_done = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._published = memoryview(state.published.numpy())  # indexing gives a Python int
         self._sampled = sampled_tokens
-        state.sampled_tokens = sampled_tokens.table if sampled_tokens is not None else None
+        if sampled_tokens is not None:
+            state.sampled_tokens = sampled_tokens.table
+            state.sample_staging, state.sample_rows = sampled_tokens.staging, sampled_tokens.rows
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
@@ -277,7 +279,8 @@ class CanaryManager:
         read from the forward batch's own tensors, so the Triton passes allocate nothing per forward.
         (The published mirror is pinned host memory, not counted here.)"""
         state = self.state
-        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens]
+        buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens,
+                   state.sample_staging, state.sample_rows]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
@@ -285,8 +288,9 @@ class CanaryManager:
         self.radix_cache = tree_cache
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
-        """After ``model_runner.sample``: record each request's sampled token for its req-pool row (one
-        device op). Skipped before init (warm-up samples) and for outputs that are not one token per request."""
+        """After ``model_runner.sample``: stage each request's sampled token (one device copy; the next
+        pre-forward pass files it under the request's req-pool row). Skipped before init (warm-up samples)
+        and for outputs that are not one token per request of the batch the forward ran."""
         sampled = self._sampled
         if sampled is None or not self.init_finished or forward_batch is None:
             return
@@ -294,7 +298,7 @@ class CanaryManager:
         shape = getattr(next_token_ids, "shape", None)
         if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
             return
-        sampled.record(rows, next_token_ids)
+        sampled.record(next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""

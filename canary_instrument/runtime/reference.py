@@ -23,6 +23,9 @@ Semantics beyond docs/architecture.md, shared by both backends:
   failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
 - The plan comes from the batch (``PlanInputs``): rows ``r < num_reqs`` whose req-pool index is
   0 are graph padding and skipped, but their tokens still occupy ``input_ids``.
+- Sampled tokens reach ``sampled_tokens`` through ``sample_staging``: every pre-forward pass first
+  files the staging entries of the last forward's batch under that forward's rows
+  (``sample_rows``), clears them, and leaves its own rows (graph padding rows included).
 - Expected tokens: with ``sampled_tokens`` (target), the post-forward pass of a decode
   (``check_sampled``) compares the row at each request's first new position with its row's
   entry (>= 0), and every post-forward pass then clears the entries of its requests that wrote
@@ -314,10 +317,28 @@ def _segmented_scan(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor) -> tupl
     return a, b
 
 
+def _file_samples(state: CanaryState, plan: PlanInputs) -> None:
+    """The last sample (staging, in its forward's batch order) into the table under that forward's rows;
+    staging cleared; this forward's rows (graph padding included) and their count left in their place."""
+    cap = state.sample_staging.shape[0]
+    rows = state.sample_rows
+    before = int(rows[cap])
+    prev = rows[:before]
+    live = prev > 0
+    state.sampled_tokens[prev[live]] = state.sample_staging[:before][live]
+    state.sample_staging[:before] = -1
+    n = min(int(plan.num_reqs), cap)
+    rows[:n] = plan.req_pool_indices[:n].long()
+    rows[cap] = n
+
+
 def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
-    """Verify every request's prefix in every group/half, then write the rows of its new tokens."""
+    """File the last sample (targets with a sampler), verify every request's prefix in every group/half,
+    then write the rows of its new tokens."""
     if int(plan.enabled[0]) == 0:
         return
+    if state.sample_staging is not None:
+        _file_samples(state, plan)
     batch = _batch(plan)
     lo = _window_lo(state, batch)
     records, verified, written = [], {}, 0

@@ -94,6 +94,12 @@ class CanaryState:
     # post-forward pass of a decode checks the row it wrote at the request's first new position
     # against it, and every post-forward pass consumes (clears) the entries of its requests.
     sampled_tokens: Optional["torch.Tensor"] = None
+    # Target with a sampler: int32 [cap], the sampler's output after the last forward, in that forward's
+    # batch order (the host's one copy per sample), -1 = none; and int64 [cap + 1], the req-pool rows of
+    # that forward's batch, left by its pre-forward pass, with their count at [cap]. The next pre-forward
+    # pass files staging into ``sampled_tokens`` under those rows and clears it.
+    sample_staging: Optional["torch.Tensor"] = None
+    sample_rows: Optional["torch.Tensor"] = None
     # Draft worker: the target's FULL-group K canary rows [slots, 4] (same req_to_token, same slot
     # numbers); the pre-forward pass checks the token of draft position p against the target's p + 1.
     target_rows: Optional["torch.Tensor"] = None

@@ -171,6 +171,12 @@ class TritonCanaryOps:
             state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
             expected, expected_len, expected_arg,
         ]
+        # Pre-forward of a target with a sampler: file the last sample into the table first.
+        file_samples = kernel_name == "canary_pre_forward" and state.sample_staging is not None
+        if file_samples:
+            args += [state.sampled_tokens, state.sample_staging, state.sample_rows, state.sample_staging.shape[0]]
+        else:
+            args += [state.req_to_token, state.req_to_token, state.req_to_token, 0]
         for g in state.groups:
             args.append(g.rows)
             if spec.realkv != "none":
@@ -197,6 +203,7 @@ class TritonCanaryOps:
                 *args,
                 RING_SIZE=ring.shape[0],
                 EXPECTED=expected_mode,
+                FILE_SAMPLES=file_samples,
                 MAX_BS=plan_width(plan.num_reqs),
                 BLOCK=block,
                 FP_WORDS=fp_words,

@@ -92,6 +92,37 @@ def test_small_batch_in_a_big_req_pool(device, layout):
     assert violations(sc.state) == []
 
 
+@pytest.mark.parametrize("previous", [4, 40])
+def test_the_last_sample_is_filed_under_the_last_forwards_rows(device, previous):
+    # The last forward had `previous` rows (one of them graph padding, row 0) and its sampler staged one
+    # token fewer than that; this pre-forward pass files them (40 rows: several plan-wide chunks for this
+    # 5-wide batch), clears staging and leaves its own 5 rows. Both backends, same buffers after.
+    sc = make_scenario("mha", "none", seed=19, num_reqs=3, max_bs=5, prefix_lens=[6, 0, 3], extend_lens=[1, 4, 1],
+                       pool_rows=48, max_context=16, full_slots=64)
+    state = sc.state
+    cap = state.sampled_tokens.shape[0]
+    rows = list(range(1, previous + 1))
+    rows[1] = 0
+    state.sample_rows = torch.zeros(cap + 1, dtype=torch.int64)
+    state.sample_rows[:previous] = torch.tensor(rows)
+    state.sample_rows[cap] = previous
+    state.sample_staging = torch.full((cap,), -1, dtype=torch.int32)
+    state.sample_staging[: previous - 1] = 100 + torch.arange(previous - 1, dtype=torch.int32)
+    before = state.sampled_tokens.clone()
+    sc = to_device(sc, device)
+    _, ref = run_both(sc, _ops(), passes=("pre",))
+    for name in ("sampled_tokens", "sample_staging", "sample_rows"):
+        assert torch.equal(getattr(sc.state, name).cpu(), getattr(ref.state, name).cpu()), name
+    want = before.clone()
+    for j, row in enumerate(rows):
+        if row:
+            want[row] = 100 + j if j < previous - 1 else -1
+    assert sc.state.sampled_tokens.cpu().tolist() == want.tolist()
+    assert (sc.state.sample_staging.cpu() == -1).all()
+    assert sc.state.sample_rows[:5].cpu().tolist() == sc.plan.req_pool_indices[:5].cpu().tolist()
+    assert int(sc.state.sample_rows[cap]) == 5
+
+
 @pytest.mark.parametrize("block", [8, 16, 128])
 def test_long_write_matches_the_serial_chain(device, block):
     # One request writes 70 tokens after a 5-token prefix: with BLOCK 8, 9 chunks, the last composing

@@ -9,6 +9,7 @@ import torch
 from torch.profiler import profile
 
 from canary_instrument.runtime import mark_init_finished
+from canary_instrument.runtime.plan import plan_from_batch
 
 from .mini_engine import ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
 
@@ -114,12 +115,21 @@ def test_the_sampler_wrap_costs_one_device_op(dev):
     reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
     batch = sched.extend(reqs)
     runner.forward(batch)
+    runner.sample(torch.tensor([1, 1], dtype=torch.int32, device=dev), batch)  # the first of a size makes its view
     next_ids = torch.tensor([5, 6], dtype=torch.int32, device=dev)
     with profile() as prof:
         runner.sample(next_ids, batch)
     ops = [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
-    assert ops == ["aten::index_copy_"]
-    assert runner.canary_manager.state.sampled_tokens[[r.row for r in reqs]].tolist() == [5, 6]
+    assert ops == ["aten::copy_"]
+    state = runner.canary_manager.state
+    assert state.sample_staging[:2].tolist() == [5, 6]  # staged in the batch's order
+    # The next forward's pre-forward pass files them under the rows the sampled forward left.
+    assert state.sample_rows[:2].tolist() == [r.row for r in reqs] and int(state.sample_rows[-1]) == 2
+    manager = runner.canary_manager
+    decode = sched.decode(reqs, [5, 6])
+    manager.ops.pre_forward(state, plan_from_batch(decode, manager.enabled), decode.input_ids)
+    assert state.sampled_tokens[[r.row for r in reqs]].tolist() == [5, 6]
+    assert state.sample_staging[:2].tolist() == [-1, -1]
 
 
 # ---------------------------------------------------------------------- EAGLE draft worker

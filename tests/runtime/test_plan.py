@@ -138,8 +138,9 @@ def test_per_forward_workspace_is_the_small_buffers_and_the_radix_cache_is_kept(
     runner = MiniRunner(server_args(kv_canary_ring_size=16), device=dev, max_reqs=8)
     manager = runner.canary_manager
     # enable flag (4 B) + status vector (12 x 8 B, the sweep's 3 counters included) + its publish counter
-    # (8 B) + ring (16 x 64 B) + sampled tokens (9 rows x 4 B)
-    assert manager.per_forward_workspace_bytes() == 4 + 12 * 8 + 8 + 16 * 64 + 9 * 4
+    # (8 B) + ring (16 x 64 B) + sampled-token table and staging (9 rows x 4 B each) + the staged
+    # batch's rows and their count (10 x 8 B)
+    assert manager.per_forward_workspace_bytes() == 4 + 12 * 8 + 8 + 16 * 64 + 2 * 9 * 4 + 10 * 8
     cache = object()
     attach_radix_cache(manager, cache)
     attach_radix_cache(None, cache)  # canary off: nothing to hand the cache to
