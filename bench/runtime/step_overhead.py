@@ -26,9 +26,7 @@ alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
 16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime);
 `--no-token-check` runs without the sampled-token check, so without the sampler wrap.
 After each site exit an empty Python call is timed (untimed for the canary): what the host's Python
-costs at that point of the step, as a yardstick for the sites' figures. Each engine (every case,
-canary off and on) runs in a fresh Python process (`--same-process`: all in this one), since an
-engine measured after others in the same process ran slower for the harness's history alone.
+costs at that point of the step, as a yardstick for the sites' figures.
 
     PYTHONPATH=. python bench/runtime/step_overhead.py --out bench/runtime/results/cpu.json
     PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --out $OUT/gpu.json
@@ -43,7 +41,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -314,55 +311,35 @@ def count_ops(case: Case, steps: int) -> dict:
     }
 
 
-def measure(module, bs, subs, canary, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0) -> dict:
-    """One engine, canary on or off: the medians of its timed steps (keys as in a row of the table)."""
-    us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
-    case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval)
-    for _ in range(warmup):
-        case.step()
-    sites, sample, bracket, eager, call = [], [], [], 0, []
-    for _ in range(steps):
-        a, b, c, d, e = case.step()
-        sites.append(a)
-        sample.append(b)
-        bracket.append(c)
-        eager += d
-        call.append(e)
-    key = "on" if canary else "off"
-    out = {f"{key}_sites_us": us(sites), f"{key}_python_call_us": round(statistics.median(call) * 1e6, 3)}
-    if canary:
-        # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
-        out.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)
-        total = [a + b for a, b in zip(sites, sample)]
-        out.update(on_sample_us=us(sample), on_total_us=us(total),
-                   on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
-                   on_bracket_us=us(bracket), ops=count_ops(case, profile_steps))
-        found = [v for m in case.managers for v in m.flush()]
-        if found:
-            raise RuntimeError(f"the clean benchmark run reported {len(found)} violations: {found[0].format()}")
-    return out
-
-
 def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0):
+    us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
     row = dict(bs=bs, sub_forwards=subs, steps=steps)
     for canary in (False, True):
-        row.update(measure(module, bs, subs, canary, steps, warmup, profile_steps, device, graphs, sweep_interval))
-    row["added_us"] = round(row["on_total_us"] - row["off_sites_us"], 2)
-    return row
-
-
-def run_case_isolated(engine_root: Path, bs, subs, argv) -> dict:
-    """``run_case`` with each engine (canary off, then on) measured in a fresh Python process: an engine
-    built after others in the same process measured slower, and slower again for each case before it
-    (H100: the same decode case 26-28 us added as a process's first case, 41-44 us after three EAGLE
-    cases), which is the harness's history, not the canary's cost."""
-    row = dict(bs=bs, sub_forwards=subs)
-    for canary in (False, True):
-        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--one", str(bs), str(subs), str(int(canary)),
-               "--engine-root", str(engine_root)]
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        row.update(json.loads(done.stdout.strip().splitlines()[-1]))
-    row["steps"] = None
+        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval)
+        for _ in range(warmup):
+            case.step()
+        sites, sample, bracket, eager, call = [], [], [], 0, []
+        for _ in range(steps):
+            a, b, c, d, e = case.step()
+            sites.append(a)
+            sample.append(b)
+            bracket.append(c)
+            eager += d
+            call.append(e)
+        key = "on" if canary else "off"
+        row[f"{key}_sites_us"] = us(sites)
+        row[f"{key}_python_call_us"] = round(statistics.median(call) * 1e6, 3)
+        if canary:
+            # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
+            row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)
+            total = [a + b for a, b in zip(sites, sample)]
+            row.update(on_sample_us=us(sample), on_total_us=us(total),
+                       on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
+                       on_bracket_us=us(bracket), ops=count_ops(case, profile_steps))
+            found = [v for m in case.managers for v in m.flush()]
+            if found:
+                raise RuntimeError(f"the clean benchmark run reported {len(found)} violations: {found[0].format()}")
+        del case
     row["added_us"] = round(row["on_total_us"] - row["off_sites_us"], 2)
     return row
 
@@ -394,18 +371,6 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
-def _child_args(args) -> list:
-    """The options a child of ``run_case_isolated`` measures with (the parent's, less what only it uses)."""
-    out = ["--device", args.device, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--profile-steps", str(args.profile_steps), "--sweep-interval", str(args.sweep_interval)]
-    if args.readback_interval is not None:
-        out += ["--readback-interval", str(args.readback_interval)]
-    for flag in ("disable_cuda_graph", "no_token_check", "no_absorb"):
-        if getattr(args, flag):
-            out.append("--" + flag.replace("_", "-"))
-    return out
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bs", type=int, nargs="+", default=[8, 64, 256])
@@ -428,10 +393,6 @@ def main(argv=None):
                         help="kv_canary_token_check=0: no sampler wrap (and no sampled-token check)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
-    parser.add_argument("--same-process", action="store_true",
-                        help="measure every case in this process (the default runs each engine in a fresh one)")
-    parser.add_argument("--one", nargs=3, type=int, metavar=("BS", "SUBS", "CANARY"), help=argparse.SUPPRESS)
-    parser.add_argument("--engine-root", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.readback_interval is not None:
         os.environ["KV_CANARY_READBACK_INTERVAL"] = str(args.readback_interval)
@@ -444,28 +405,17 @@ def main(argv=None):
     if args.device == "cpu":
         torch.set_num_threads(1)
     matrix.quiet_canary_log()
-    root = args.engine_root
-    if root is None:
-        root = Path(tempfile.mkdtemp(prefix="canary-step-overhead-")) / "engine"
-        engine_copy.copy_engine(root)
-        engine_copy.instrument(root)
+    root = Path(tempfile.mkdtemp(prefix="canary-step-overhead-")) / "engine"
+    engine_copy.copy_engine(root)
+    engine_copy.instrument(root)
     module = engine_copy.import_engine(root)
     if _time_sites(module) < 4:
         raise RuntimeError("fewer wired classes than expected: is the engine copy instrumented?")
-    if args.one:  # a child of run_case_isolated: one engine, its figures as the last line of stdout
-        bs, subs, canary = args.one
-        print(json.dumps(measure(module, bs, subs, bool(canary), args.steps, args.warmup, args.profile_steps,
-                                 args.device, not args.disable_cuda_graph, args.sweep_interval)))
-        return
     rows = []
     for subs in args.subs:
         for bs in args.bs:
-            if args.same_process:
-                row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
-                               graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval)
-            else:
-                row = run_case_isolated(root, bs, subs, _child_args(args))
-                row["steps"] = args.steps
+            row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
+                           graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
