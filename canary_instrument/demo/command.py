@@ -178,11 +178,11 @@ def _print_overhead(module, layouts):
                    "   cost here is far above that of a serving-sized step.")
     gpu = committed_gpu_overhead()
     if gpu is None:
-        click.echo("   The GPU figure (Llama-3-8B-shaped engine, CUDA graphs) is in bench/engine/results/overhead.md of the\n"
-                   "   source repository.")
+        click.echo("   The GPU figure (Llama-3-8B decode step, CUDA graphs) is in bench/engine/results/step_floor_*.md of\n"
+                   "   the source repository.")
         return
-    click.echo(f"   Committed GPU figure ({gpu.device}, Llama-3-8B-shaped KV, CUDA graphs, "
-               "bench/engine/results/overhead.md):")
+    click.echo(f"   Committed GPU figure ({gpu.device}, Llama-3-8B decode step, CUDA graphs, realkv=partial, "
+               f"bench/engine/results/{gpu.page}):")
     for line in gpu.lines():
         click.echo(f"     {line}")
 

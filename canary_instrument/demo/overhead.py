@@ -1,5 +1,5 @@
 """Decode-step time of the same workload with the canary off and on, measured side by side,
-and the committed GPU figure (bench/engine/results/overhead.json) to read it against."""
+and the committed GPU figure (bench/engine/results/step_floor_*.json) to read it against."""
 
 from __future__ import annotations
 
@@ -94,27 +94,31 @@ def measure_overhead(
     )
 
 
-# The engine benchmark's committed result, in a source checkout (an installed package has no bench/).
-COMMITTED_GPU_RESULT = Path(__file__).resolve().parents[2] / "bench" / "engine" / "results" / "overhead.json"
+# The whole-step benchmark's committed result, in a source checkout (an installed package has no bench/).
+COMMITTED_GPU_RESULT = Path(__file__).resolve().parents[2] / "bench" / "engine" / "results" / \
+    "step_floor_nvidia_h100_80gb_hbm3.json"
 
 
 @dataclass(frozen=True)
 class CommittedOverhead:
-    """The committed end-to-end figure: canary cost per decode step of a Llama-3-8B-shaped engine on a GPU."""
+    """The committed whole-step figure: the canary's device + host time per Llama-3-8B decode step on a GPU,
+    against that step's physical floor (bench/engine/step_floor.py, table (a))."""
 
     device: str
-    rows: list  # (requests, context, step off ms, canary ms, % of the step)
+    page: str  # the results page beside the JSON
+    rows: list  # (requests, context, canary device us, canary host us, floor us, % of the floor)
 
     def lines(self) -> list[str]:
-        return [f"{b} x {c}: step {off:.2f} ms, canary +{ms:.3f} ms ({pct:.1f} %)" for b, c, off, ms, pct in self.rows]
+        return [f"{b} x {c}: canary {dev + host:.0f} us per step (device {dev:.0f} + host {host:.0f}) = "
+                f"{pct:.2f} % of the step's floor ({floor / 1000:.1f} ms)" for b, c, dev, host, floor, pct in self.rows]
 
 
 def committed_gpu_overhead(path: Path = COMMITTED_GPU_RESULT) -> Optional[CommittedOverhead]:
     """The GPU figure committed under bench/engine/results, or None when it is not there."""
     try:
         data = json.loads(path.read_text())
-        rows = [(r["batch"], r["context"], r["off_ms"], r["canary_ms"], r["overhead_percent_of_step"])
-                for r in data["rows"]]
-        return CommittedOverhead(device=data["device"], rows=rows)
+        rows = [(r["requests"], r["context"], r["canary_device_us"], r["canary_host_us"], r["floor_us"],
+                 r["total_percent_of_floor"]) for r in data["llama"]]
+        return CommittedOverhead(device=data["device"], page=str(path.with_suffix(".md").name), rows=rows)
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -145,6 +145,25 @@ def test_real_kv_post_forward_flip_is_reported_by_the_next_read(layout, seed):
     assert (result.reported, result.kinds["real_kv_post_forward"].delays, result.unattributed) == (1, [1], [])
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_real_kv_post_forward_in_the_swa_group_flips_a_position_the_window_keeps(seed):
+    # Prefills longer than the window (5): the SWA group's next pass verifies only each request's last 5
+    # positions, and the engine releases the rest unread; a flip must land where it can be reported.
+    sc = make_scenario("swa", "partial", seed=seed, num_reqs=3, max_bs=4, prefix_lens=[2, 7, 0],
+                       extend_lens=[14, 1, 12], swa_window=5, max_context=40, full_slots=128, swa_slots=64,
+                       unfingerprinted=0.0, share_prefix=False)
+    fb = forward_batch(sc)
+    pert = perturber("real_kv_post_forward", sc.state, seed, target_group="swa")
+    assert one_step(sc, fb, pert, step=1) == []
+    [injection] = pert.drain()
+    request = sc.requests[fb.req_pool_indices.tolist().index(injection.req)]
+    end = request.prefix + request.extend
+    assert max(request.prefix, end - 5) <= injection.position < end
+    next_step(sc)
+    result = score([injection], records_after(sc, 2))
+    assert (result.reported, result.kinds["real_kv_post_forward"].delays, result.unattributed) == (1, [1], [])
+
+
 def records_after(sc, step):
     since = int(sc.state.ring_count[0])
     reference.pre_forward(sc.state, sc.plan, sc.input_ids)

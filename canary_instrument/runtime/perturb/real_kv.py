@@ -5,7 +5,8 @@
   forward, so the damage stays with the forward that read it.
 - ``real_kv_post_forward``: a slot this forward just wrote, after its post-forward pass stored
   the fingerprint (a corrupted transfer or a late overwrite); in a target verify, a request's first
-  position (the draft guesses after it may be rejected). Whoever reads the slot next reports
+  position (the draft guesses after it may be rejected); in the SWA group, one of a request's last
+  window of positions (the engine releases the others unread). Whoever reads the slot next reports
   it: the request's next forward, the idle-cache sweep, or a request reusing the prefix.
 - ``real_kv_unused_cache``: a slot the prefix cache holds while no request locks it. Only the
   idle-cache sweep, or a request reusing the prefix, can find it.
@@ -79,6 +80,16 @@ class RealKvUsed:
         return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True)
 
 
+def _last_windows(facts: Any, window: int) -> list[int]:
+    """Indices of the batch's new tokens that fall in their request's last ``window`` positions."""
+    found, start = [], 0
+    for prefix, new in zip(facts.prefix, facts.new):
+        first = max(0, new - window)  # positions prefix + first .. prefix + new - 1
+        found.extend(range(start + first, start + new))
+        start += new
+    return found
+
+
 class RealKvPostForward:
     name = "real_kv_post_forward"
     hook = "after_forward"
@@ -95,6 +106,11 @@ class RealKvPostForward:
             # rejected and freed, and a flip there is never read.
             r = ctx.rng.randrange(facts.size)
             token, position = sum(facts.new[:r]), facts.prefix[r]
+        elif group.group == 1:
+            # The SWA group keeps, and its next pass verifies, only each request's last window of positions;
+            # the engine releases the rest unread, so a flip there could never be reported (nor harm).
+            token = ctx.rng.choice(_last_windows(facts, ctx.state.swa_window))
+            r, position = facts.token_owner(token)
         else:
             token = ctx.rng.randrange(facts.tokens)
             r, position = facts.token_owner(token)
