@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,9 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "runtime"))
 
 import torch  # noqa: E402
-from step_overhead import Case, _time_sites  # noqa: E402
+from step_overhead import Case, timed_engine  # noqa: E402
 
-from canary_instrument.demo import engine_copy, matrix  # noqa: E402
 
 WAYS = ("index_copy_ by row (before)", "copy_ into staging (shipped)", "empty call")
 
@@ -83,12 +81,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=300, help="timed steps per way")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
-    matrix.quiet_canary_log()
-    root = Path(tempfile.mkdtemp(prefix="canary-probe-")) / "engine"
-    engine_copy.copy_engine(root)
-    engine_copy.instrument(root)
-    module = engine_copy.import_engine(root)
-    _time_sites(module)
+    module = timed_engine("canary-probe-")  # Case.step reads the sites' clock
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"{name}; host time of the record after the engine's sampler, medians over {args.steps} steps each (us)")
     for bs in args.bs:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +29,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "runtime"))
 
 import torch  # noqa: E402
-from step_overhead import Case, _time_sites  # noqa: E402
+from step_overhead import Case, timed_engine  # noqa: E402
 
-from canary_instrument.demo import engine_copy, matrix  # noqa: E402
 
 
 def _nothing():
@@ -88,12 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("--bs", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args(argv)
-    matrix.quiet_canary_log()
-    root = Path(tempfile.mkdtemp(prefix="canary-probe-")) / "engine"
-    engine_copy.copy_engine(root)
-    engine_copy.instrument(root)
-    module = engine_copy.import_engine(root)
-    _time_sites(module)  # Case.step reads the sites' clock
+    module = timed_engine("canary-probe-")  # Case.step reads the sites' clock
     print(f"{torch.cuda.get_device_name()}; medians over {args.steps // 2} steps per order (us)")
     for bs in args.bs:
         print(f"bs {bs}: {probe(module, bs, args.steps)}", flush=True)

@@ -15,7 +15,6 @@ import argparse
 import collections
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,9 +23,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "runtime"))
 
 import torch  # noqa: E402
-from step_overhead import Case, _time_sites  # noqa: E402
+from step_overhead import Case, timed_engine  # noqa: E402
 
-from canary_instrument.demo import engine_copy, matrix  # noqa: E402
 from canary_instrument.runtime import manager as M  # noqa: E402
 
 
@@ -90,12 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
-    matrix.quiet_canary_log()
-    root = Path(tempfile.mkdtemp(prefix="canary-probe-")) / "engine"
-    engine_copy.copy_engine(root)
-    engine_copy.instrument(root)
-    module = engine_copy.import_engine(root)
-    _time_sites(module)
+    module = timed_engine("canary-probe-")  # Case.step reads the sites' clock
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"{name}; per site (manager, outside listing, active): median enter + exit (us) over {args.steps} steps")
     for spec in args.cases:

@@ -166,6 +166,19 @@ def _time_sites(module) -> int:
     return wrapped
 
 
+def timed_engine(prefix: str):
+    """A copy of the reference engine, instrumented with the real CLI and imported, its wired sites timed
+    (``_time_sites``); the canary's log lines are kept off the terminal."""
+    matrix.quiet_canary_log()
+    root = Path(tempfile.mkdtemp(prefix=prefix)) / "engine"
+    engine_copy.copy_engine(root)
+    engine_copy.instrument(root)
+    module = engine_copy.import_engine(root)
+    if _time_sites(module) < 4:
+        raise RuntimeError("fewer wired classes than expected: is the engine copy instrumented?")
+    return module
+
+
 def _time_manager(manager) -> None:
     """Time the sampler wrap's record and the bracket's pre/post ops of one manager (on the instance)."""
 
@@ -404,13 +417,7 @@ def main(argv=None):
         CLOCK.absorb = lambda: torch.cuda.is_current_stream_capturing() or torch.cuda.current_stream().query()
     if args.device == "cpu":
         torch.set_num_threads(1)
-    matrix.quiet_canary_log()
-    root = Path(tempfile.mkdtemp(prefix="canary-step-overhead-")) / "engine"
-    engine_copy.copy_engine(root)
-    engine_copy.instrument(root)
-    module = engine_copy.import_engine(root)
-    if _time_sites(module) < 4:
-        raise RuntimeError("fewer wired classes than expected: is the engine copy instrumented?")
+    module = timed_engine("canary-step-overhead-")
     rows = []
     for subs in args.subs:
         for bs in args.bs:
