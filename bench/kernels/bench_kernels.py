@@ -122,6 +122,16 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     return state, plan, decode_ids
 
 
+def decode_forward(ops, state, plan, ids):
+    """One forward's canary work, as the bracket launches it: the pre-forward pass, then the post-forward."""
+
+    def forward():
+        ops.pre_forward(state, plan, ids)
+        ops.post_forward(state, plan)
+
+    return forward
+
+
 def reset(state):
     state.ring_count.zero_()
     state.counters.zero_()
@@ -254,12 +264,7 @@ def tune(results, copy_bw):
         for config in CONFIGS:
             ops = make_ops(config)
             ms = per_pass_ms(lambda: ops.pre_forward(state, plan, ids))
-
-            def forward():
-                ops.pre_forward(small_state, small_plan, small_ids)
-                ops.post_forward(small_state, small_plan)
-
-            small_ms = per_pass_ms(forward)
+            small_ms = per_pass_ms(decode_forward(ops, small_state, small_plan, small_ids))
             row = dict(realkv=realkv, block=config[0], num_warps=config[1],
                        programs_per_sm=config[2], us=ms * 1e3, small_us=small_ms * 1e3,
                        score=max(ms * 1e-3 / big_att, small_ms * 1e-3 / small_att),
@@ -363,10 +368,7 @@ def scaling(copy_bw, results, realkv_modes, config, pool_rows):
         for reqs, ctx in SCALING:
             state, plan, ids = build("mha", realkv, reqs, ctx, pool_rows=pool_rows)
             ops = make_ops(config[realkv]) if realkv != "all" else TritonCanaryOps()
-
-            def forward():
-                ops.pre_forward(state, plan, ids)
-                ops.post_forward(state, plan)
+            forward = decode_forward(ops, state, plan, ids)
 
             # realkv=all passes take milliseconds: a few per graph spread the launch just as well.
             ms = per_pass_ms(forward, passes=PASSES if realkv != "all" else 3)

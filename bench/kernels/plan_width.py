@@ -45,13 +45,8 @@ def main():
                     triton_ops.plan_width = shipped if rule == "batch" else by_capacity(pool)
                     state, plan, ids = bk.build("mha", realkv, reqs, ctx, pool_rows=pool)
                     ops = bk.make_ops(bk.CONFIGS[0])
-
-                    def forward():
-                        ops.pre_forward(state, plan, ids)
-                        ops.post_forward(state, plan)
-
                     bk.reset(state)
-                    us = bk.per_pass_ms(forward) * 1e3
+                    us = bk.per_pass_ms(bk.decode_forward(ops, state, plan, ids)) * 1e3
                     row = dict(realkv=realkv, reqs=reqs, ctx=ctx, pool_rows=pool, rule=rule,
                                max_bs=triton_ops.plan_width(reqs), us=us, violations=int(state.ring_count[0]))
                     bk.log("plan_width", row)

@@ -65,14 +65,9 @@ def main():
                     bk.reset(state)
                     verify_us = bk.bench_graph(lambda: ops.pre_forward(state, plan, ids)) * 1e3
                     bad = int(state.ring_count[0])
-                    s_state, s_plan, s_ids = small
-
-                    def forward():
-                        ops.pre_forward(s_state, s_plan, s_ids)
-                        ops.post_forward(s_state, s_plan)
-
+                    s_state = small[0]
                     bk.reset(s_state)
-                    small_us = bk.bench_graph(forward) * 1e3
+                    small_us = bk.bench_graph(bk.decode_forward(ops, *small)) * 1e3
                     row = dict(variant=d.parent.name if d else "shipped", realkv=realkv, config=config,
                                maxnreg=maxnreg, verify_us=verify_us, small_us=small_us,
                                violations=bad + int(s_state.ring_count[0]), registers=registers(ops, state))
