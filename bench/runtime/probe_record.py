@@ -1,13 +1,15 @@
-"""The sampler wrap's record in place, two ways, on alternate steps of one running engine.
+"""The sampler wrap's record in place, several ways, on alternate steps of one running engine.
 
 The instrumented reference engine (canary on, CUDA graphs, decode) runs; after the engine's sampler
-returns, steps take turns: the record the runtime shipped before (one ``index_copy_`` of the tokens
-into a per-req-pool-row table, by the batch's req_pool_indices), the shipped one
-(``record_sampled``: one ``copy_`` into a cached view of the staging buffer, filed by the next
-pre-forward pass), and an empty call. Interleaving puts both records on the same machine, engine
-and step mix, which separate runs on lent machines do not (their spread is as large as the
-difference). Steps that take the old way leave the staging buffer empty, so their forward checks
-no token; nothing is reported either way.
+returns, steps take turns: the shipped record (``record_sampled``: the manager's checks, then one
+``copy_`` into a cached view of the staging buffer, filed by the next pre-forward pass), the same
+``copy_`` alone (no checks), the same copy issued straight to the CUDA driver
+(``cuMemcpyDtoDAsync`` through ctypes on the current stream: no torch dispatch), and an empty
+call. Every way but the empty call fills the staging buffer alike, so every step checks its
+tokens and nothing is reported. Interleaving puts the ways on the same machine, engine and step
+mix, which separate runs on lent machines do not (their spread is larger than the differences).
+(Its first version, commit 0878778, compared the ``index_copy_`` by row the runtime shipped
+before: results/h100_probe_record.txt.)
 
     PYTHONPATH=$PWD python bench/runtime/probe_record.py --bs 8 64 256 --steps 300
 """
@@ -15,6 +17,7 @@ no token; nothing is reported either way.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import time
@@ -28,39 +31,40 @@ import torch  # noqa: E402
 from step_overhead import Case, timed_engine  # noqa: E402
 
 
-WAYS = ("index_copy_ by row (before)", "copy_ into staging (shipped)", "empty call")
+WAYS = ("record_sampled (shipped)", "copy_ alone", "driver memcpy", "empty call")
+
+
+def _driver_memcpy():
+    """``cuMemcpyDtoDAsync(dst, src, bytes, stream)`` of the CUDA driver the process already loaded."""
+    fn = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def probe(module, bs: int, steps: int, device: str) -> dict:
-    case = Case(module, bs, 1, True, 3 * steps + 40, device)
+    case = Case(module, bs, 1, True, len(WAYS) * steps + 40, device)
     manager = next(m for m in case.managers if m.state.token_offset == 0)
     shipped = type(manager).record_sampled.__get__(manager)  # the real one, not step_overhead's timed wrapper
-    table = torch.full((manager.state.req_to_token.shape[0],), -1, dtype=torch.int32, device=device)
+    staging = manager._sampled.staging
+    view = staging[:bs]
+    memcpy = _driver_memcpy()
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    index = staging.device.index
+    dst = staging.data_ptr()
     times = {way: [] for way in WAYS}
     turn = [0]
 
-    def before(forward_batch, next_token_ids):
-        # The record as it shipped before commit 0878778: CanaryManager.record_sampled's checks, then
-        # expected_tokens.SampledTokens.record.
-        if manager._sampled is None or not manager.init_finished or forward_batch is None:
-            return
-        rows = getattr(forward_batch, "req_pool_indices", None)
-        shape = getattr(next_token_ids, "shape", None)
-        if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
-            return
-        if next_token_ids.dtype is not table.dtype:
-            next_token_ids = next_token_ids.to(table.dtype)
-        if rows.dtype is not torch.int64:
-            rows = rows.long()
-        table.index_copy_(0, rows, next_token_ids)
-
     def probed(forward_batch, next_token_ids):
-        way = WAYS[turn[0] % 3]
+        way = WAYS[turn[0] % len(WAYS)]
         t0 = time.perf_counter()
         if way == WAYS[0]:
-            before(forward_batch, next_token_ids)
-        elif way == WAYS[1]:
             shipped(forward_batch, next_token_ids)
+        elif way == WAYS[1]:
+            view.copy_(next_token_ids)
+        elif way == WAYS[2]:
+            if memcpy(dst, next_token_ids.data_ptr(), bs * 4, raw_stream(index)):
+                raise RuntimeError("cuMemcpyDtoDAsync failed")
         t1 = time.perf_counter()
         times[way].append(t1 - t0)
         turn[0] += 1
@@ -68,10 +72,14 @@ def probe(module, bs: int, steps: int, device: str) -> dict:
     manager.record_sampled = probed
     for _ in range(20):
         case.step()
+    if case.engine.model_runners[0].sample.__wrapped_original__ is None or staging.dtype != torch.int32:
+        raise RuntimeError("expected an int32 staging buffer")
     for way in times:
         times[way].clear()
-    for _ in range(3 * steps):
+    for _ in range(len(WAYS) * steps):
         case.step()
+    if manager.flush():
+        raise RuntimeError("a way reported violations: it did not stage the tokens as the shipped record does")
     return {way: round(statistics.median(v) * 1e6, 2) for way, v in times.items()}
 
 

@@ -29,7 +29,7 @@ from canary_instrument.runtime import manager as M  # noqa: E402
 
 
 def _key(site) -> str:
-    return f"{site._manager.state.token_offset} {list(site._outside or [])} {site._active}"
+    return f"{site._manager.state.token_offset} {list(site.listing or [])} {site.index}"
 
 
 class Probe:

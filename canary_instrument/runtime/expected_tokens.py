@@ -68,9 +68,8 @@ class SampledTokens:
         self.rows = torch.zeros((int(max_reqs) + 1,), dtype=torch.int64, device=device)
         self._views: dict[int, Any] = {}  # batch size -> staging[:n], made once
 
-    def record(self, next_token_ids: Any) -> None:
+    def record(self, next_token_ids: Any, n: int) -> None:
         """One device op: ``staging[:n] = next_token_ids`` (n requests, the sampled forward's batch order)."""
-        n = next_token_ids.shape[0]
         view = self._views.get(n)
         if view is None:
             if n > self.staging.shape[0]:

@@ -43,7 +43,7 @@ from canary_instrument.runtime.state import KERNEL_SWEEP, CanaryState, PlanInput
 from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
 from canary_instrument.runtime.swa_divergence import SwaDivergenceLog, swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation
-from canary_instrument.runtime.wiring import NULL_CONTEXT
+from canary_instrument.runtime.wiring import NULL_CONTEXT, SITE_CONTEXT_TYPES, canary_context
 
 logger = logging.getLogger("canary_instrument.runtime")
 
@@ -133,6 +133,9 @@ class SingleForwardManager:
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         manager = self._manager
         if manager.init_finished:
+            site = manager._open
+            if self.phase is _IDLE and site is not None and site._inline and self in site._sfms:
+                site._plan_phases()  # an eager forward inside an inline site: from here on, the general path
             self._expect((_PLANNED,), "pre-ops inside the graph")
             self.phase = _PRE_DONE
         self.plan = plan = plan_from_batch(forward_batch, manager.enabled, index=self.index, draft=manager.is_draft)
@@ -193,13 +196,12 @@ class CanaryManager:
         self.radix_cache: Any = None
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._readback = DelayedReadback(self._status, state.ring)
-        # Post-forward passes planned by the end of a step, and that step, for the last steps (two deques
-        # of ints kept in step: no tuple made per step): label the violations a published word reveals.
-        self._step_passes: deque = deque(maxlen=_STEPS_REMEMBERED)
-        self._step_numbers: deque = deque(maxlen=_STEPS_REMEMBERED)
+        # Post-forward passes planned by the end of step s, at s % _STEPS_REMEMBERED, for the last steps:
+        # label the violations a published word reveals (one list store per step, nothing made).
+        self._step_totals: list = [0] * _STEPS_REMEMBERED
         self._sweep_steps: deque = deque(maxlen=_STEPS_REMEMBERED)  # steps that launched a sweep slice
         self._sites: dict = {}  # (listing key, active) -> a reusable _Site
-        self._single_sites: dict = {}  # i -> {active: the _Site of `outside=[i], active=...`}
+        self.recent_sites: dict = {}  # active (an int or None) -> the _Site it used last (wiring.canary_context)
         self._read_passes = 0  # post-forward passes whose published word has been read
         self._readback_interval = settings.readback_interval
         self._group = process_group
@@ -211,8 +213,9 @@ class CanaryManager:
 
         self.init_finished = False
         self._active: Optional[SingleForwardManager] = None
-        self._outside_open = False
+        self._open: Optional[_Site] = None  # the site whose with_ops_outside_graph() block is open
         self._step = 0
+        self._step_end_due = 1  # the next step a quiet manager's inline site exit runs _step_end at
         self._planned = 0  # enabled sub-forward plans since init finished
         self._seen = 0  # ring records read so far
         self._unflushed: list[Violation] = []
@@ -266,7 +269,7 @@ class CanaryManager:
 
     def mark_init_finished(self) -> None:
         """Warm-up and capture are over: from now on the kernels run and phase order is enforced."""
-        if self._active is not None or self._outside_open:
+        if self._active is not None or self._open is not None:
             raise CanaryWiringError("kv canary: mark_init_finished() called inside a canary context")
         if not self.init_finished:
             self.enabled.fill_(1)
@@ -292,17 +295,21 @@ class CanaryManager:
         pre-forward pass files it under the request's req-pool row). Skipped before init (warm-up samples)
         and for outputs that are not one token per request of the batch the forward ran."""
         sampled = self._sampled
-        if sampled is None or not self.init_finished or forward_batch is None:
+        if sampled is None or not self.init_finished:
             return
-        rows = getattr(forward_batch, "req_pool_indices", None)
-        shape = getattr(next_token_ids, "shape", None)
-        if rows is None or shape is None or len(shape) != 1 or shape[0] != rows.shape[0]:
+        # Plain attribute reads, no getattr with a default and no len() of a tensor (Tensor.__len__ is Python):
+        # this runs after every sample with the host's caches cold, where each costs microseconds.
+        try:
+            shape = next_token_ids.shape
+            if len(shape) != 1 or shape[0] != forward_batch.req_pool_indices.shape[0]:
+                return
+        except AttributeError:  # no batch, no rows, or not a tensor
             return
-        sampled.record(next_token_ids)
+        sampled.record(next_token_ids, shape[0])
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
-        return self.site_context(None, None, index)
+        return canary_context(self, None, active=index)
 
     def with_ops_outside_graph(
         self,
@@ -311,33 +318,26 @@ class CanaryManager:
     ) -> "_OutsideGraph":
         """Plan the listed sub-forwards before the block; read results and snapshot after it."""
         indices = [0] if single_forward_indices is None else single_forward_indices
-        return self.site_context(maybe_inaccurate_forward_batch, indices, None)
+        return canary_context(self, maybe_inaccurate_forward_batch, outside=indices)
 
     def site_context(self, forward_batch: Any = None, outside: Any = None, active: Optional[int] = None) -> Any:
-        """One wired site's context (``wiring.canary_context``, and the two contexts above): the
-        outside-graph phases of the listed sub-forwards and/or the active sub-forward, in one reusable
-        object per (listing, active), so a step builds nothing and enters one context, not two."""
+        """One wired site's context: the outside-graph phases of the listed sub-forwards and/or the active
+        sub-forward, in one reusable object per (listing, active), so a step builds nothing and enters one
+        context, not two. ``wiring.canary_context`` (which the two contexts above go through too) reuses
+        the site it finds in ``recent_sites`` first and calls this only when that one does not fit."""
         if outside is None and active is None:
             return NULL_CONTEXT
         if outside is not None and type(outside) not in (list, tuple, range):
             outside = list(outside)  # an iterator: read it once
-        single = type(outside) is list and len(outside) == 1 and type(outside[0]) is int and type(active) is int
-        if single:
-            # The usual wiring, `outside=[0], active=0`: found without making a key tuple.
-            by_active = self._single_sites.get(outside[0])
-            site = by_active.get(active) if by_active is not None else None
-            if site is not None and not site._busy:
-                site._batch = forward_batch
-                return site
         key = _site_key(outside, active)
         site = self._sites.get(key) if key is not None else None
-        if site is None or site._busy:
+        if site is None or site.busy:
             site = _Site(self, outside, active)
             if key is not None and key not in self._sites and len(self._sites) < 256:
                 self._sites[key] = site
-                if single:
-                    self._single_sites.setdefault(outside[0], {})[active] = site
-        site._batch = forward_batch
+        if key is not None:
+            self.recent_sites[active] = site
+        site.batch = forward_batch
         return site
 
     def _listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
@@ -366,7 +366,7 @@ class CanaryManager:
 
         Log mode logs them as a step would; raise mode raises ``CanaryViolationError`` carrying them.
         """
-        if self._outside_open:
+        if self._open is not None:
             raise CanaryWiringError("kv canary: flush() called inside with_ops_outside_graph()")
         self._drain(final=True)
         if self.perturber is not None:
@@ -462,9 +462,7 @@ class CanaryManager:
         if not ok:
             return
         self._step = step = self._step + 1
-        if planned:
-            self._step_passes.append(self._planned)
-            self._step_numbers.append(step)
+        self._step_totals[step % _STEPS_REMEMBERED] = self._planned
         self._step_end(forward_batch)
 
     def _step_end(self, forward_batch: Any) -> None:
@@ -496,7 +494,14 @@ class CanaryManager:
         # and on steps whose SWA or stats line is due.
         if step % self._readback_interval == 0 or swa_due or stats_due:
             readback.take(_Tag(step, self._planned, swa_due, progress))
+        self._schedule_step_end(step)
         self._after_step(step)
+
+    def _schedule_step_end(self, step: int) -> None:
+        """When an inline site exit must next run ``_step_end``: the next step if a snapshot is still in
+        flight (it is harvested there), else the next snapshot step."""
+        interval = self._readback_interval
+        self._step_end_due = step + 1 if self._readback.pending() else step - step % interval + interval
 
     # ------------------------------------------------------------------ reading results
 
@@ -526,10 +531,11 @@ class CanaryManager:
     def _step_of_forward(self, post_runs: int) -> int:
         """The step whose forwards include post-forward pass number ``post_runs`` (the current step when
         it is older than the steps remembered or not counted yet)."""
-        for planned, step in zip(self._step_passes, self._step_numbers):
-            if planned >= post_runs:
-                return step
-        return self._step
+        totals, step = self._step_totals, self._step
+        for earlier in range(max(1, step - _STEPS_REMEMBERED + 1), step + 1):
+            if totals[earlier % _STEPS_REMEMBERED] >= post_runs:
+                return earlier
+        return step
 
     def _sweep_step_before(self, step: int) -> int:
         """The last step before ``step`` that launched a sweep slice: a sweep runs at the end of its
@@ -689,6 +695,9 @@ class CanaryManager:
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
 
 
+
+SITE_CONTEXT_TYPES.add(CanaryManager)
+
 def _site_key(outside: Any, active: Any) -> Any:
     """The cache key of a site, or None where validation depends on more than the values (``1.0``
     and ``True`` equal ``1`` as keys but are not sub-forward indices alike): int indices only."""
@@ -703,146 +712,141 @@ def _site_key(outside: Any, active: Any) -> Any:
 
 class _Site:
     """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
-    entered and left as the nested pair would be, with no objects made per step."""
+    entered and left as the nested pair would be, with no objects made per step.
 
-    __slots__ = ("_manager", "_outside", "_active", "_sfms", "_active_sfm", "_planned", "_batch", "_busy", "_inline",
-                 "_mode", "_mode_idle")
+    On a quiet manager (init finished, no production feature on, one rank) the usual step takes an
+    inline path: its entry and exit touch only this object and the manager's step counters, because
+    they run once per step with the host's caches cold from the engine's own work, where every call,
+    object and attribute read costs (bench/runtime/RESULTS.md). The sub-forwards' phases stay idle on
+    that path; an eager forward inside the site plans them when its pre-ops run (``_plan_phases``),
+    and the site is then left by the general path, which checks them.
+    """
+
+    __slots__ = ("_manager", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy", "_inline",
+                 "_ready", "_mode", "_mode_idle")
 
     def __init__(self, manager: CanaryManager, outside: Any, active: Optional[int]):
         self._manager = manager
-        self._outside = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
-        self._active = active
+        self.listing = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
+        self.index = active
         self._sfms: Optional[list] = None  # the listing's sub-forward managers, resolved on first entry
         self._active_sfm: Optional[SingleForwardManager] = None  # likewise for ``active``
         self._planned = 0
-        self._batch: Any = None
-        self._busy = False
+        self.batch: Any = None
+        self.busy = False
         self._inline = False  # entered by the inline path, to be left by it
+        self._ready = False  # a listing whose managers (and active one, if any) are resolved: may go inline
         self._mode: Any = None  # the last forward mode seen with a non-empty batch, and whether it is idle
         self._mode_idle = False
 
     def __enter__(self) -> Any:
         manager = self._manager
-        sfms = self._sfms
-        # The usual step of a quiet manager (init finished, no production feature on, one rank), inline:
-        # this runs once per step with the host's caches cold from the engine's own work, where every
-        # call and attribute read costs (bench/runtime/RESULTS.md). Anything else takes the general path.
-        if sfms is not None and manager._fast and not manager._outside_open and manager._active is None:
-            batch = self._batch
-            mode = getattr(batch, "forward_mode", None)
-            active = self._active_sfm
-            if mode is not None and (active is not None or self._active is None):
-                for sfm in sfms:
-                    if sfm.phase is not _IDLE:
-                        break
+        if self._ready and manager._fast and manager._open is None and manager._active is None:
+            batch = self.batch
+            try:  # plain attribute reads (getattr with a default is a call); a batch without them goes general
+                mode, size = batch.forward_mode, batch.batch_size
+            except AttributeError:
+                mode = None
+            if mode is not None:
+                if mode is self._mode and size:
+                    idle = self._mode_idle
                 else:
-                    if mode is self._mode and getattr(batch, "batch_size", 0):
-                        idle = self._mode_idle
-                    else:
-                        idle = forward_kind(batch) == IDLE
-                        if getattr(batch, "batch_size", 0):
-                            self._mode, self._mode_idle = mode, idle
-                    for sfm in sfms:
-                        sfm.phase = _PLANNED
-                    self._planned = 0 if idle else len(sfms)
-                    manager._outside_open = True
-                    manager._active = active
-                    self._busy = self._inline = True
-                    return active
+                    idle = forward_kind(batch) == IDLE
+                    if size:
+                        self._mode, self._mode_idle = mode, idle
+                self._planned = 0 if idle else len(self._sfms)
+                manager._open = self
+                manager._active = active = self._active_sfm
+                self.busy = self._inline = True
+                return active
         self._inline = False
-        self._busy = True
+        self.busy = True
         try:
-            if self._outside is not None:
-                if manager._outside_open:
+            if self.listing is not None:
+                if manager._open is not None:
                     raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
                 sfms = self._sfms
                 if sfms is None:
-                    sfms = self._sfms = manager._listed(self._outside)
-                manager._outside_open = True
+                    sfms = self._sfms = manager._listed(self.listing)
+                manager._open = self
                 try:
-                    self._planned = manager._pre_ops_outside_graph(sfms, self._batch) if manager.init_finished else 0
+                    self._planned = manager._pre_ops_outside_graph(sfms, self.batch) if manager.init_finished else 0
                 except BaseException:
-                    manager._outside_open = False
+                    manager._open = None
                     raise
-            if self._active is None:
+            if self.index is None:
+                self._ready = self._sfms is not None
                 return None
             try:
                 sfm = self._active_sfm
                 if sfm is None:
-                    sfm = self._active_sfm = manager._sub_forward(self._active)
+                    sfm = self._active_sfm = manager._sub_forward(self.index)
                 if manager._active is not None:
                     raise CanaryWiringError(
-                        f"kv canary: with_active_single_forward_manager({self._active}) nested inside "
+                        f"kv canary: with_active_single_forward_manager({self.index}) nested inside "
                         f"with_active_single_forward_manager({manager._active.index})"
                     )
             except BaseException as err:
-                if self._outside is not None:
+                if self.listing is not None:
                     self._leave_outside(type(err))
                 raise
             manager._active = sfm
+            self._ready = self._sfms is not None
             return sfm
         except BaseException:
-            self._busy = False
-            self._batch = None
+            self.busy = False
+            self.batch = None
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         manager = self._manager
         if self._inline and exc_type is None:
-            sfms = self._sfms
-            for sfm in sfms:
-                if sfm.phase is _PRE_DONE:
-                    break  # a wiring error: the general path reports it
-            else:
-                return self._leave_inline(manager, sfms)
-        try:
-            if self._active is not None:
-                manager._active = None
-            if self._outside is not None:
-                try:
-                    manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
-                finally:
-                    manager._outside_open = False
-        finally:
-            self._busy = False
-            self._batch = None
-        return False
-
-    def _leave_inline(self, manager: CanaryManager, sfms: list) -> bool:
-        """``_post_ops_outside_graph`` of a clean forward on a quiet manager: count the step, then read the
-        passes published since the last one and raise what they brought (a snapshot step, or one with a
-        snapshot pending, takes the manager's whole step end)."""
-        manager._active = None
-        manager._forwards += 1
-        for sfm in sfms:
-            sfm.phase = _IDLE
-            sfm.plan = None
-        planned = self._planned
-        batch = self._batch
-        self._busy = False
-        self._batch = None
-        try:
+            # ``_post_ops_outside_graph`` of a clean forward on a quiet manager: count the step, then read the
+            # pass published since the last one (a snapshot step, or one after it, takes the whole step end).
+            batch = self.batch
+            self.busy = False
+            self.batch = None
+            manager._active = None
+            manager._open = None
+            manager._forwards += 1
             manager._step = step = manager._step + 1
-            if planned:
-                manager._planned = total = manager._planned + planned
-                manager._step_passes.append(total)
-                manager._step_numbers.append(step)
-            if step % manager._readback_interval == 0 or manager._readback._pending:
+            manager._planned = planned = manager._planned + self._planned
+            manager._step_totals[step % _STEPS_REMEMBERED] = planned
+            if step >= manager._step_end_due:
                 manager._step_end(batch)
                 return False
             nxt = manager._read_passes + 1
-            word = manager._published[_PACKED + nxt % _PUBLISH_SLOTS]
-            if nxt <= manager._planned and ((word >> 32) - nxt) & _LOW32 < 1 << 31:
-                manager._poll_published()  # the next pass (or, read 64 passes late, a later one) has published
-            if manager._pending_raise or manager._pending_lines or manager._unhealthy is not None:
-                manager._raise_pending(local=True)
+            if nxt <= planned:
+                word = manager._published[_PACKED + nxt % _PUBLISH_SLOTS]
+                if ((word >> 32) - nxt) & _LOW32 < 1 << 31:
+                    # The next pass (or, read 64 passes late, a later one) has published; anything it
+                    # brought is raised here, as ``_step_end`` would.
+                    manager._poll_published()
+                    manager._raise_pending(local=True)
             return False
+        try:
+            if self.index is not None:
+                manager._active = None
+            if self.listing is not None:
+                try:
+                    manager._post_ops_outside_graph(self._sfms, self._planned, self.batch, exc_type is None)
+                finally:
+                    manager._open = None
         finally:
-            manager._outside_open = False
+            self.busy = False
+            self.batch = None
+        return False
+
+    def _plan_phases(self) -> None:
+        """Turn this inline-entered site into a generally entered one: its sub-forwards planned, as
+        ``_pre_ops_outside_graph`` leaves them (an eager forward's pre-ops are about to check that)."""
+        for sfm in self._sfms:
+            sfm.phase = _PLANNED
+        self._inline = False
 
     def _leave_outside(self, exc_type: Any) -> None:
         manager = self._manager
         try:
-            manager._post_ops_outside_graph(self._sfms, self._planned, self._batch, exc_type is None)
+            manager._post_ops_outside_graph(self._sfms, self._planned, self.batch, exc_type is None)
         finally:
-            manager._outside_open = False
+            manager._open = None
