@@ -816,11 +816,20 @@ class _Site:
                 manager._step_end(batch)
                 return False
             nxt = manager._read_passes + 1
+            before = planned - self._planned  # the passes of the forwards launched before this site's
+            if nxt <= before:
+                # The usual case, one read: the last of them has published (so have all before it, in
+                # stream order) and the violation count it carries is the one already read.
+                word = manager._published[_PACKED + before % _PUBLISH_SLOTS]
+                if ((word >> 32) - before) & _LOW32 == 0 and (word - manager._seen) & _LOW32 == 0:
+                    manager._read_passes = before
+                    return False
             if nxt <= planned:
                 word = manager._published[_PACKED + nxt % _PUBLISH_SLOTS]
                 if ((word >> 32) - nxt) & _LOW32 < 1 << 31:
-                    # The next pass (or, read 64 passes late, a later one) has published; anything it
-                    # brought is raised here, as ``_step_end`` would.
+                    # The next pass (or, read 64 passes late, a later one) has published, with violations
+                    # or ahead of the others: read pass by pass, and raise what they brought as
+                    # ``_step_end`` would.
                     manager._poll_published()
                     manager._raise_pending(local=True)
             return False
