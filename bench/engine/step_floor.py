@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from canary_instrument.demo import engine_copy, matrix  # noqa: E402
-from canary_instrument.runtime import install_canary, mark_init_finished  # noqa: E402
+from canary_instrument.runtime import install_canary, instance_wrap, mark_init_finished  # noqa: E402
 from tests.runtime.mini_engine import ForwardBatch, ForwardMode  # noqa: E402
 
 DEFAULT_ENGINE_DIR = ROOT / "bench" / "_work" / "step_floor_engine"
@@ -246,7 +246,7 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
 
     # Host time of real decode steps: the outside-graph contexts and the sampler wrap's record (the
     # replay between them is async; the sampler's own work is the engine's, not the canary's).
-    original_sample = runner.sample.__wrapped_original__
+    original_sample = instance_wrap.original(runner.sample)
     host, eager = [], []
     for step in range(1, host_steps + 1):
         decode_step(context - 1 + step)

@@ -12,23 +12,27 @@ import functools
 import threading
 from typing import Any
 
+from canary_instrument.runtime.instance_wrap import remember, unbind
+
 _MARK = "__kv_canary_bracketed__"
 
 
 def bracket_model_forward(model: Any, manager: Any) -> None:
     """Replace ``model.forward`` (on the instance) with the bracketed version."""
-    original = getattr(model, "forward", None)
-    if original is None or not callable(original):
+    original, owner = unbind(model, "forward")
+    if original is None:
         raise ValueError(f"kv canary: model {type(model).__qualname__} has no callable forward to bracket")
     if getattr(original, _MARK, False):
         raise ValueError(f"kv canary: model {type(model).__qualname__}.forward is already bracketed by a canary")
     depth = threading.local()
 
-    @functools.wraps(original)
+    def call(args: tuple, kwargs: dict) -> Any:
+        return original(*args, **kwargs) if owner is None else original(owner(), *args, **kwargs)
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         level = getattr(depth, "value", 0)
         if level > 0:
-            return original(*args, **kwargs)
+            return call(args, kwargs)
         depth.value = 1
         try:
             batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
@@ -36,14 +40,17 @@ def bracket_model_forward(model: Any, manager: Any) -> None:
             if input_ids is None:
                 input_ids = getattr(batch, "input_ids", None)
             manager.pre_ops_maybe_inside_graph(input_ids, batch)
-            output = original(*args, **kwargs)
+            output = call(args, kwargs)
             manager.post_ops_maybe_inside_graph()
             return output
         finally:
             depth.value = 0
 
+    # The original's name and doc, not its __wrapped__ (a bound method: a reference cycle, instance_wrap.py).
+    functools.update_wrapper(forward, original, updated=())
+    del forward.__wrapped__
     setattr(forward, _MARK, True)
-    forward.__wrapped_original__ = original
+    remember(forward, original, owner)
     model.forward = forward
 
 

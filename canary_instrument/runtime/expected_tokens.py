@@ -24,6 +24,8 @@ import functools
 import weakref
 from typing import Any, Optional
 
+from canary_instrument.runtime.instance_wrap import remember, unbind
+
 _SAMPLE_MARK = "__kv_canary_sample_wrapped__"
 
 # id(req_to_token) -> weak references to that tensor and to the target (non-draft) manager reading it.
@@ -81,22 +83,27 @@ class SampledTokens:
 def wrap_sample(model_runner: Any, manager: Any) -> bool:
     """Wrap ``model_runner.sample`` (on the instance) so each sample is recorded; False when the
     runner has no ``sample`` method (then the target has no sampled-token check)."""
-    original = getattr(model_runner, "sample", None)
-    if original is None or not callable(original):
+    original, owner = unbind(model_runner, "sample")
+    if original is None:
         return False
     if getattr(original, _SAMPLE_MARK, False):
         raise ValueError(
             f"kv canary: {type(model_runner).__qualname__}.sample is already wrapped by a canary"
         )
 
-    @functools.wraps(original)
     def sample(logits_output: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        next_token_ids = original(logits_output, forward_batch, *args, **kwargs)
+        if owner is None:
+            next_token_ids = original(logits_output, forward_batch, *args, **kwargs)
+        else:
+            next_token_ids = original(owner(), logits_output, forward_batch, *args, **kwargs)
         manager.record_sampled(forward_batch, next_token_ids)
         return next_token_ids
 
+    # The original's name and doc, not its __wrapped__ (a bound method: a reference cycle, instance_wrap.py).
+    functools.update_wrapper(sample, original, updated=())
+    del sample.__wrapped__
     setattr(sample, _SAMPLE_MARK, True)
-    sample.__wrapped_original__ = original
+    remember(sample, original, owner)
     model_runner.sample = sample
     return True
 

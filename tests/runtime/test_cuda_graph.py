@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from canary_instrument.runtime import CanaryHealthError, mark_init_finished
+from canary_instrument.runtime import CanaryHealthError, instance_wrap, mark_init_finished
 
 from .mini_engine import GraphRunner, MiniRunner, Scheduler, draft_step_batches, server_args
 
@@ -72,7 +72,7 @@ def test_graph_captured_without_the_canary_fails_the_health_check():
     sched = Scheduler(runner)
     manager = runner.canary_manager
     # A capture site that lost its wiring: the graph holds the model only.
-    model_only = runner.model.forward.__wrapped_original__
+    model_only = instance_wrap.original(runner.model.forward)
     static = sched.extend([sched.new_request([1, 2])])
     model_only(static.input_ids, static.positions, static)
     graph = torch.cuda.CUDAGraph()

@@ -1,0 +1,45 @@
+"""What a wrapper installed on one instance (``model.forward``, ``model_runner.sample``) calls, without a cycle.
+
+A wrapper kept in an instance's ``__dict__`` that holds the instance's bound method makes a reference
+cycle (instance -> wrapper -> bound method -> instance): the engine then outlives its last reference
+until the garbage collector runs, and a collection that frees one engine's CUDA graphs while another
+engine captures (sglang tests and benchmarks build engines in one process) invalidates that capture.
+So the wrapper holds the method's function and a weak reference to the instance.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Optional
+
+_FUNCTION = "__kv_canary_function__"
+_OWNER = "__kv_canary_owner__"
+
+
+def unbind(obj: Any, name: str) -> tuple[Optional[Callable], Optional[weakref.ReferenceType]]:
+    """``(function, weak reference to obj)`` for a method bound to ``obj``; ``(callable, None)`` for any
+    other callable attribute (call it as is); ``(None, None)`` when there is none."""
+    original = getattr(obj, name, None)
+    if original is None or not callable(original):
+        return None, None
+    function = getattr(original, "__func__", None)
+    if function is not None and getattr(original, "__self__", None) is obj:
+        return function, weakref.ref(obj)
+    return original, None
+
+
+def remember(wrapper: Callable, function: Callable, owner: Optional[weakref.ReferenceType]) -> None:
+    """Note on ``wrapper`` what it replaced, for ``original``."""
+    setattr(wrapper, _FUNCTION, function)
+    setattr(wrapper, _OWNER, owner)
+
+
+def original(wrapper: Callable) -> Callable:
+    """The callable ``wrapper`` replaced, bound again to its instance (benchmarks and tests call it)."""
+    function, owner = getattr(wrapper, _FUNCTION), getattr(wrapper, _OWNER)
+    if owner is None:
+        return function
+    obj = owner()
+    if obj is None:
+        raise ReferenceError("kv canary: the instance this wrapper was installed on is gone")
+    return function.__get__(obj, type(obj))
