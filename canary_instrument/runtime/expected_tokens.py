@@ -64,20 +64,19 @@ class SampledTokens:
     def __init__(self, max_reqs: int, device: Any):
         import torch
 
-        # int32: sglang's samplers return int32 token ids; another dtype is converted by the copy itself.
+        # int32: token ids fit. sglang's samplers return int32, or int64 (greedy argmax): the copy converts.
         self.table = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
         self.staging = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
         self.rows = torch.zeros((int(max_reqs) + 1,), dtype=torch.int64, device=device)
-        self._views: dict[int, Any] = {}  # batch size -> staging[:n], made once
+        self.views: dict[int, Any] = {}  # batch size -> staging[:n], made once (``view``)
 
-    def record(self, next_token_ids: Any, n: int) -> None:
-        """One device op: ``staging[:n] = next_token_ids`` (n requests, the sampled forward's batch order)."""
-        view = self._views.get(n)
-        if view is None:
-            if n > self.staging.shape[0]:
-                return  # more requests than req-pool rows: not a batch this pool served
-            view = self._views[n] = self.staging[:n]
-        view.copy_(next_token_ids)
+    def view(self, n: int) -> Any:
+        """``staging[:n]``, cached; None for more requests than req-pool rows (not a batch this pool served).
+        A sample is one device op into it: ``view.copy_(next_token_ids)`` (CanaryManager.record_sampled)."""
+        view = self.views.get(n)
+        if view is None and n <= self.staging.shape[0]:
+            view = self.views[n] = self.staging[:n]
+        return view
 
 
 def wrap_sample(model_runner: Any, manager: Any) -> bool:

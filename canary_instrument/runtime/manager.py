@@ -305,7 +305,12 @@ class CanaryManager:
                 return
         except AttributeError:  # no batch, no rows, or not a tensor
             return
-        sampled.record(next_token_ids, shape[0])
+        view = sampled.views.get(shape[0])
+        if view is None:
+            view = sampled.view(shape[0])
+            if view is None:
+                return
+        view.copy_(next_token_ids)  # the one device op; the next pre-forward pass files it
 
     def with_active_single_forward_manager(self, index: int) -> "_ActiveForward":
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
