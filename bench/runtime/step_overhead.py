@@ -5,8 +5,9 @@ check, apply) and built twice, canary off and on (log mode, real-KV partial); `b
 prefilled, then decoded. Every generated `canary_ctx` member (the wired sites) is wrapped so the
 host time of building, entering and leaving the canary's contexts is summed per scheduler step:
 with the canary on that is the outside-graph phases (phase checks, step count, readback) and the
-sub-forward routing, with it off the null contexts the same sites return. The sampler wrap
-(`record_sampled`, on) is timed too. What runs between a context's entry and exit (the model
+sub-forward routing, with it off the null contexts the same sites return. The canary's sampler
+wrapper (on) is timed too: as a whole, minus the engine's own sample timed inside it, so its frame
+and the record count (the inner timer's own few calls too: a slight overcount). What runs between a context's entry and exit (the model
 forward, a CUDA-graph replay) is not counted. The bracket's host work inside eager forwards
 (plan + kernel launches; none when a CUDA graph replays) is reported beside it, not in the total.
 On CUDA every decode step replays CUDA graphs, as sglang runs it: the target's decode graph, or
@@ -69,7 +70,8 @@ class Clock:
 
     def __init__(self):
         self.sites = 0.0  # wired sites: building, entering and leaving their contexts
-        self.sample = 0.0  # the sampler wrap's record
+        self.sample = 0.0  # the canary's sampler wrapper around the engine's sample (its frame and the record)
+        self.sample_inner = 0.0  # the engine's own sample, timed inside the wrapper (subtracted)
         self.bracket = 0.0  # bracketed forwards' pre/post ops (eager forwards only)
         self.eager_forwards = 0  # bracketed model forwards run eagerly (pre-ops called outside a capture)
         self.call = []  # host seconds of one empty Python call, timed right after each site exit (calibration)
@@ -79,6 +81,7 @@ class Clock:
 
     def reset(self):
         self.sites = self.sample = self.bracket = 0.0
+        self.sample_inner = 0.0
         self.eager_forwards = 0
         self.call = []
         self.replays.clear()
@@ -176,11 +179,48 @@ def timed_engine(prefix: str):
     module = engine_copy.import_engine(root)
     if _time_sites(module) < 4:
         raise RuntimeError("fewer wired classes than expected: is the engine copy instrumented?")
+    _time_engine_sample(module)
     return module
 
 
+def _time_engine_sample(module) -> None:
+    """Time the engine's own ``ModelRunner.sample`` (on the class, before any engine is built: the canary's
+    wrapper calls the function it finds there), so that the wrapper's share is its total minus this."""
+    import importlib
+
+    cls = importlib.import_module(f"{module.__name__.split('.')[0]}.srt.model_executor.model_runner").ModelRunner
+    sample = cls.sample
+
+    def timed_sample(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = sample(self, *args, **kwargs)
+        CLOCK.sample_inner += time.perf_counter() - t0
+        return out
+
+    cls.sample = timed_sample
+
+
+def _time_sample_wrap(runner) -> None:
+    """Time the canary's sampler wrapper as a whole (on the instance, around it): with the engine's own sample
+    timed inside (``_time_engine_sample``), the difference is the canary's share, its own frame included."""
+    wrapper = runner.__dict__.get("sample")
+    if wrapper is None:
+        return  # no wrapper on this runner (a draft runner, or the canary off)
+
+    def timed_wrapper(*args, **kwargs):
+        inner = CLOCK.sample_inner
+        with _marker("canary.sample"):
+            t0 = time.perf_counter()
+            out = wrapper(*args, **kwargs)
+            spent = time.perf_counter() - t0
+        CLOCK.sample += spent - (CLOCK.sample_inner - inner)
+        return out
+
+    runner.sample = timed_wrapper
+
+
 def _time_manager(manager) -> None:
-    """Time the sampler wrap's record and the bracket's pre/post ops of one manager (on the instance)."""
+    """Time the bracket's pre/post ops of one manager (on the instance)."""
 
     def timed(fn, attr):
         def run(*args, **kwargs):
@@ -199,8 +239,6 @@ def _time_manager(manager) -> None:
 
         return run
 
-    if hasattr(manager, "record_sampled"):  # absent before the sampler wrap (runs of older commits)
-        manager.record_sampled = timed(manager.record_sampled, "sample")
     manager.pre_ops_maybe_inside_graph = counted(timed(manager.pre_ops_maybe_inside_graph, "bracket"))
     manager.post_ops_maybe_inside_graph = timed(manager.post_ops_maybe_inside_graph, "bracket")
 
@@ -257,6 +295,8 @@ class Case:
         if canary:
             for manager in self.managers:
                 _time_manager(manager)
+            for runner in self.engine.model_runners:
+                _time_sample_wrap(runner)
             draft = [m for m in self.managers if m.state.token_offset == 1]
             if eagle and draft[0].num_single_forward != subs:
                 raise RuntimeError(f"expected {subs} draft sub-forwards, got {draft[0].num_single_forward}")
