@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import platform
@@ -270,6 +271,10 @@ class Case:
 
     def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str, graphs: bool = True,
                  sweep_interval: int = 0):
+        # Free the engines of earlier cases first: this harness's patches on them (replay counters, timers)
+        # make reference cycles, and a collection that frees their CUDA graphs while this engine captures
+        # invalidates the capture (it did in probe_sites.py). Dead engines also leave the heap larger.
+        gc.collect()
         eagle = subs > 1
         per_step = subs + 2 if eagle else 1  # tokens a step may add: accepted drafts + bonus
         new_tokens = steps * per_step + 16
