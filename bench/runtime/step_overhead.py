@@ -7,9 +7,10 @@ host time of building, entering and leaving the canary's contexts is summed per 
 with the canary on that is the outside-graph phases (phase checks, step count, readback) and the
 sub-forward routing, with it off the null contexts the same sites return. The canary's sampler
 wrapper (on) is timed too: as a whole, minus the engine's own sample timed inside it, so its frame
-and the record count (the inner timer's own few calls too: a slight overcount). What runs between a context's entry and exit (the model
-forward, a CUDA-graph replay) is not counted. The bracket's host work inside eager forwards
-(plan + kernel launches; none when a CUDA graph replays) is reported beside it, not in the total.
+and the record count (the inner timer's own few calls too: a slight overcount). What runs between a
+context's entry and exit (the model forward, a CUDA-graph replay) is not counted. The bracket's host
+work inside eager forwards (plan + kernel launches; none when a CUDA graph replays) is reported beside
+it, not in the total.
 On CUDA every decode step replays CUDA graphs, as sglang runs it: the target's decode graph, or
 with EAGLE the multi-step draft chain, the target verify and the draft-extend, each with the
 canary's passes recorded inside. The benchmark counts the replays and the eager bracketed forwards

@@ -700,8 +700,8 @@ class CanaryManager:
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
 
 
-
 SITE_CONTEXT_TYPES.add(CanaryManager)
+
 
 def _site_key(outside: Any, active: Any) -> Any:
     """The cache key of a site, or None where validation depends on more than the values (``1.0``
