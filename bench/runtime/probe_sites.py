@@ -4,7 +4,8 @@ Runs the instrumented reference engine (canary on, CUDA graphs) and times every 
 plus exit (the context object of `manager.site_context`; the graph replay between them not counted,
 and before each exit an untimed stream query absorbs the graph submission, as in step_overhead.py),
 per site: (manager: 0 target / 1 draft, the outside-graph listing, the active sub-forward). Counts
-per step: inline or general path, the manager's poll of published passes, its snapshot step end.
+per step: inline or general path, the manager's poll of published passes, its snapshot step end; and
+per site the median of the exits that ran a step end (a snapshot taken or harvested) alone.
 
     PYTHONPATH=$PWD python bench/runtime/probe_sites.py --steps 300
 """
@@ -40,6 +41,7 @@ class Probe:
         self.times = collections.defaultdict(list)
         self.counts = collections.Counter()
         self._entered = {}
+        self.step_ends = 0
         self._saved = (M._Site.__enter__, M._Site.__exit__, M.CanaryManager._step_end,
                        M.CanaryManager._poll_published)
 
@@ -57,15 +59,19 @@ class Probe:
             if probe.device == "cuda" and not torch.cuda.is_current_stream_capturing():
                 torch.cuda.current_stream().query()
             path = "inline" if site._inline else "general"
+            ends = probe.step_ends
             t0 = time.perf_counter()
             out = exit_(site, *exc)
             spent = time.perf_counter() - t0 + probe._entered.pop(id(site), 0.0)
             probe.times[_key(site)].append(spent)
+            if probe.step_ends != ends:  # this exit ran the manager's step end (snapshot, or its harvest)
+                probe.times[f"{_key(site)} with step end"].append(spent)
             probe.counts[f"{_key(site)} {path}"] += 1
             return out
 
         def counted_step_end(manager, *args, **kwargs):
             probe.counts[f"manager {manager.state.token_offset} step end"] += 1
+            probe.step_ends += 1
             return step_end(manager, *args, **kwargs)
 
         def counted_poll(manager):
