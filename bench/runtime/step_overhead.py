@@ -194,9 +194,10 @@ def _time_engine_sample(module) -> None:
     sample = cls.sample
 
     def timed_sample(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = sample(self, *args, **kwargs)
-        CLOCK.sample_inner += time.perf_counter() - t0
+        with _marker("engine.sample"):  # the engine's own ops: not counted in the canary's phase (_phase_of)
+            t0 = time.perf_counter()
+            out = sample(self, *args, **kwargs)
+            CLOCK.sample_inner += time.perf_counter() - t0
         return out
 
     cls.sample = timed_sample
@@ -327,8 +328,11 @@ class Case:
 
 
 def _phase_of(event):
+    """The canary phase an op ran in, or None (outside them, or in the engine's own work inside one)."""
     parent = event.cpu_parent
     while parent is not None:
+        if parent.name.startswith("engine."):
+            return None
         if parent.name.startswith("canary."):
             return parent.name[len("canary."):]
         parent = parent.cpu_parent
