@@ -83,9 +83,8 @@ class RealKvUsed:
 def _last_windows(facts: Any, window: int) -> list[int]:
     """Indices of the batch's new tokens that fall in their request's last ``window`` positions."""
     found, start = [], 0
-    for prefix, new in zip(facts.prefix, facts.new):
-        first = max(0, new - window)  # positions prefix + first .. prefix + new - 1
-        found.extend(range(start + first, start + new))
+    for new in facts.new:
+        found.extend(range(start + max(0, new - window), start + new))  # the request's last min(new, window)
         start += new
     return found
 
