@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The real-sglang run on the GPU machine, from the repository root:
+#
+#     bash bench/sglang_server/gpu.sh [correctness] [cost] [smoke]
+#
+# Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
+# a scratch folder, once. When every part is in: copies the release's sglang package, runs
+# `canary-instrument apply` on the copy, then runs the suites named (none: install only). Logs and
+# JSON go to $OUT (or bench/_work/sglang_server) as one archive per suite; report.py reads them.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+WORK=${SGLANG_SERVER_WORK:-/tmp/sglang-server}
+BUNDLE=.whl/sglang-server
+DEST=${OUT:-$REPO/bench/_work/sglang_server}
+mkdir -p "$WORK/site" "$WORK/done" "$DEST"
+
+for part in "$BUNDLE"/part*; do
+    [ -d "$part" ] || continue
+    name=$(basename "$part")
+    [ -e "$WORK/done/$name" ] && continue
+    (cd "$BUNDLE" && grep " $name/" SHA256SUMS | sha256sum -c --quiet) || { echo "gpu.sh: $name: hash mismatch" >&2; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+        "$part"/*.whl || exit 2
+    touch "$WORK/done/$name"
+    echo "gpu.sh: installed $name"
+done
+parts=$(grep -o ' part[0-9]*/' "$BUNDLE/SHA256SUMS" | sort -u | wc -l)
+have=$(ls "$WORK/done" | wc -l)
+if [ "$have" -lt "$parts" ]; then
+    echo "gpu.sh: $have of $parts bundle parts installed; carry the next part"
+    exit 0
+fi
+
+# The unmodified release runs canary off and sglang's own canary; the applied copy runs ours.
+RELEASE="$WORK/site:$REPO"
+OURS="$WORK/ours:$REPO:$WORK/site"
+if [ ! -e "$WORK/ours/sglang" ]; then
+    rm -rf "$WORK/ours.tmp" && mkdir -p "$WORK/ours.tmp" && cp -a "$WORK/site/sglang" "$WORK/ours.tmp/"
+    PYTHONPATH=$RELEASE python3 -m canary_instrument apply "$WORK/ours.tmp/sglang/srt" 2>&1 | tee "$DEST/apply.log"
+    PYTHONPATH=$RELEASE python3 -m canary_instrument apply --check "$WORK/ours.tmp/sglang/srt" >/dev/null 2>&1 \
+        || { echo "gpu.sh: apply --check still finds work" >&2; exit 2; }
+    mv "$WORK/ours.tmp" "$WORK/ours"
+fi
+export SGLANG_SERVER_MODELS=$WORK/models
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$DEST/device.txt"
+
+# run NAME PYTHONPATH ARGS...: one engine, its log and JSON under $WORK/runs/SUITE.
+run() {
+    local name=$1 path=$2; shift 2
+    PYTHONPATH=$path timeout 900 python3 bench/sglang_server/serve.py "$@" --out "$RUNS/$name.json" \
+        >"$RUNS/$name.log" 2>&1
+    echo "gpu.sh: $name exit $? ($(date +%T))"
+}
+
+for suite in "$@"; do
+    RUNS=$WORK/runs/$suite
+    rm -rf "$RUNS" && mkdir -p "$RUNS"
+    case $suite in
+    smoke)
+        run mha-clean "$OURS" correctness --layout mha --decode-steps 200
+        ;;
+    correctness)
+        # Four engines share the GPU at a time (timing is not measured here); each caps its pool.
+        for layout in mha mla swa eagle; do
+            run "$layout-clean" "$OURS" correctness --layout "$layout" --mem-fraction 0.9 &
+        done
+        wait
+        for layout in mha mla swa eagle; do
+            run "$layout-perturb" "$OURS" correctness --layout "$layout" --perturb 0.02 \
+                --kv-canary-sweep-interval 16 --mem-fraction 0.9 &
+        done
+        run mha-clean-piecewise "$OURS" correctness --layout mha --piecewise --mem-fraction 0.9 &
+        wait
+        ;;
+    cost)
+        # One engine at a time, interleaved: off, ours, sglang's own, then off again to show drift.
+        run off "$RELEASE" cost --kv-canary none
+        run ours "$OURS" cost --kv-canary log
+        run upstream "$RELEASE" cost --kv-canary log
+        run off-again "$RELEASE" cost --kv-canary none
+        ;;
+    *)
+        echo "gpu.sh: unknown suite $suite" >&2
+        exit 2
+        ;;
+    esac
+    tar -C "$WORK/runs" -czf "$DEST/$suite.tar.gz" "$suite"
+done

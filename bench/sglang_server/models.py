@@ -1,0 +1,137 @@
+"""The model configurations the real-sglang run serves with random weights (``--load-format dummy``).
+
+No model hub is reachable from the GPU machine, so each model is a ``config.json`` written here; the
+weights are sglang's dummy initialisation. The attention and KV shapes are those of the named
+models; layer counts are cut where the run only needs the layout (correctness) and kept where the
+cost depends on them (the Llama-3-8B cost model keeps all 32 layers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Llama-3-8B: 32 query heads, 8 KV heads of 128, 128,256-token vocabulary.
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 16384,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "vocab_size": 128256,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+# DeepSeek-V2-Lite: MLA with a 512-wide latent and a 64-wide rope part, no q LoRA; the first layer
+# dense, the others mixture-of-experts (64 routed, 6 per token, 2 shared). Plain rope (no YaRN).
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "topk_method": "greedy",
+    "n_group": 1,
+    "topk_group": 1,
+    "hidden_act": "silu",
+    "max_position_embeddings": 16384,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "vocab_size": 102400,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+# gpt-oss-20b: sliding-window (128) and full attention layers alternating, 64 query heads and 8 KV
+# heads of 64, attention sinks, a mixture of experts; bf16 (no MXFP4 quantisation config).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "experts_per_token": 4,
+    "num_experts_per_tok": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initial_context_length": 4096,
+    "intermediate_size": 2880,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 64,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "vocab_size": 201088,
+    "eos_token_id": 200002,
+    "pad_token_id": 199999,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+# An EAGLE draft head for LLAMA3_8B: one decoder layer over the target's hidden size.
+LLAMA3_8B_EAGLE = {**LLAMA3_8B, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1}
+
+
+def with_layers(config: dict, layers: int) -> dict:
+    """``config`` cut to ``layers`` decoder layers (gpt-oss keeps its sliding/full alternation)."""
+    out = {**config, "num_hidden_layers": layers}
+    if config["model_type"] == "gpt_oss":
+        out["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    return out
+
+
+MODELS = {
+    # name -> (config, layers or None for all)
+    "llama3-8b": (LLAMA3_8B, None),
+    "llama3-8b-4l": (LLAMA3_8B, 4),
+    "llama3-8b-eagle": (LLAMA3_8B_EAGLE, None),
+    "deepseek-v2-lite-4l": (DEEPSEEK_V2_LITE, 4),
+    "gpt-oss-20b-4l": (GPT_OSS_20B, 4),
+}
+
+
+def write_model(name: str, root: Path) -> Path:
+    """A folder holding ``name``'s config.json (written once), for ``--model-path``."""
+    config, layers = MODELS[name]
+    if layers is not None:
+        config = with_layers(config, layers)
+    elif config["model_type"] == "gpt_oss":
+        config = with_layers(config, config["num_hidden_layers"])
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return folder

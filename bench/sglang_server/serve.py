@@ -1,0 +1,200 @@
+"""Drive one real sglang engine (``sglang.Engine``) with random weights: a correctness workload or the cost shapes.
+
+    python bench/sglang_server/serve.py correctness --layout mha --out r.json [--perturb 0.02] [--piecewise]
+    python bench/sglang_server/serve.py cost --out r.json [--kv-canary log]
+
+Which sglang runs is whatever ``import sglang`` finds: ``gpu.sh`` puts the applied copy first on
+``PYTHONPATH`` for our canary and the unmodified release for canary off and sglang's own canary, and
+this script records which one it got. ``sglang.Engine`` is the server's own stack (tokenizer
+manager, scheduler process, model runner, CUDA graphs, radix cache) without the HTTP front end; it
+takes token ids directly, which a dummy-weight model with no tokenizer needs. The engine's log
+(the scheduler process writes to this process's stderr) is the record the report is made from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import write_model  # noqa: E402
+
+LAYOUTS = {
+    # layout -> (model, draft model or None)
+    "mha": ("llama3-8b-4l", None),
+    "mla": ("deepseek-v2-lite-4l", None),
+    "swa": ("gpt-oss-20b-4l", None),
+    "eagle": ("llama3-8b-4l", "llama3-8b-eagle"),
+}
+# Cost shapes (batch, context): contexts from 1k to 8k at every batch that fits one H100 with the
+# 32-layer Llama-3-8B (128 KiB of KV per token).
+COST_SHAPES = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
+
+
+def engine_args(args, model_path: Path, draft_path: Path | None) -> dict:
+    kw = dict(
+        model_path=str(model_path),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        random_seed=args.seed,
+        kv_canary=args.kv_canary,
+        kv_canary_real_data=args.real_data,
+        mem_fraction_static=args.mem_fraction,
+        log_level="info",
+    )
+    if not args.piecewise:
+        # sglang's own canary refuses the piecewise prefill graphs (its install asserts), so every
+        # way of the comparison runs without them; --piecewise keeps sglang's default for ours.
+        kw["cuda_graph_backend_prefill"] = "disabled"
+    if args.kv_canary_sweep_interval:
+        kw["kv_canary_sweep_interval"] = args.kv_canary_sweep_interval
+    if draft_path is not None:
+        kw.update(speculative_algorithm="EAGLE", speculative_draft_model_path=str(draft_path),
+                  speculative_draft_load_format="dummy", speculative_num_steps=3, speculative_eagle_topk=1,
+                  speculative_num_draft_tokens=4)
+    return kw
+
+
+def which_sglang() -> dict:
+    import sglang
+
+    runner = Path(sglang.__file__).parent / "srt" / "model_executor" / "model_runner.py"
+    return {"sglang": sglang.__version__, "path": str(Path(sglang.__file__).parent),
+            "wired_by_canary_instrument": "canary_instrument.runtime" in runner.read_text()}
+
+
+def correctness(args) -> dict:
+    """Waves of requests with shared prefixes, chunked prefill and a pool small enough to evict."""
+    import sglang
+
+    model, draft = LAYOUTS[args.layout]
+    root = Path(args.models)
+    kw = engine_args(args, write_model(model, root), write_model(draft, root) if draft else None)
+    kw.update(max_total_tokens=args.pool_tokens, chunked_prefill_size=512, max_running_requests=48,
+              cuda_graph_max_bs_decode=48)
+    rng = random.Random(args.seed)
+    vocab = 32000
+    prefixes = [[rng.randrange(1, vocab) for _ in range(rng.randint(48, 1024))] for _ in range(12)]
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**kw)
+    started = time.perf_counter() - t0
+    requests = generated = waves = planned_steps = 0
+    t0 = time.perf_counter()
+    while planned_steps < args.decode_steps:
+        n = rng.randint(4, 32)
+        prompts, params = [], []
+        for _ in range(n):
+            prefix = rng.choice(prefixes) if rng.random() < 0.8 else []
+            cut = rng.randint(len(prefix) // 2, len(prefix)) if prefix else 0
+            prompts.append(prefix[:cut] + [rng.randrange(1, vocab) for _ in range(rng.randint(1, 256))])
+            params.append({"max_new_tokens": rng.randint(8, 200), "temperature": 0.0, "ignore_eos": True})
+        out = engine.generate(input_ids=prompts, sampling_params=params)
+        generated += sum(len(o["output_ids"]) for o in out)
+        requests += n
+        waves += 1
+        planned_steps += max(p["max_new_tokens"] for p in params)
+    # Drain: read every cached prefix once more, so that a corrupted slot the cache still holds is
+    # read by a request (and its report lands) before the engine stops.
+    engine.generate(input_ids=[p + [1] for p in prefixes],
+                    sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    served = time.perf_counter() - t0
+    engine.shutdown()
+    return {"kind": "correctness", "layout": args.layout, "model": model, "draft": draft,
+            "perturb": args.perturb, "piecewise": args.piecewise, "pool_tokens": args.pool_tokens,
+            "waves": waves, "requests": requests, "generated_tokens": generated,
+            "engine_start_s": round(started, 1), "serve_s": round(served, 1)}
+
+
+def cost(args) -> dict:
+    """Per decode step time per shape: the difference of two runs over the same cached prompts.
+
+    Each shape's prompts are prefilled once (one new token), so the timed runs reuse them from the
+    radix cache and extend one token; a run of N1 and one of N2 new tokens then differ by exactly
+    N2 - N1 decode steps of the whole batch, with every fixed cost (submission, the one-token
+    extend, detokenisation, return) cancelling out.
+    """
+    import sglang
+
+    root = Path(args.models)
+    kw = engine_args(args, write_model("llama3-8b", root), None)
+    kw.update(max_running_requests=256, cuda_graph_bs_decode=sorted({b for b, _ in COST_SHAPES}),
+              chunked_prefill_size=8192)
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**kw)
+    started = time.perf_counter() - t0
+    shapes = []
+    for batch, context in COST_SHAPES:
+        rng = random.Random(batch * 100003 + context)
+        prompts = [[rng.randrange(1, 128000) for _ in range(context)] for _ in range(batch)]
+
+        def run(new_tokens: int) -> float:
+            params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+            t = time.perf_counter()
+            out = engine.generate(input_ids=prompts, sampling_params=params)
+            elapsed = time.perf_counter() - t
+            assert all(len(o["output_ids"]) == new_tokens for o in out), "a request stopped early"
+            return elapsed
+
+        run(1)
+        steps = []
+        for _ in range(args.reps):
+            short, long_ = run(args.short), run(args.long)
+            steps.append((long_ - short) / (args.long - args.short))
+        step = statistics.median(steps)
+        shapes.append({"batch": batch, "context": context, "step_ms": round(step * 1e3, 4),
+                       "step_ms_reps": [round(s * 1e3, 4) for s in steps],
+                       "tokens_per_s": round(batch / step, 1)})
+        print(f"cost: batch {batch} context {context}: {step * 1e3:.3f} ms/step", file=sys.stderr, flush=True)
+    engine.shutdown()
+    return {"kind": "cost", "kv_canary": args.kv_canary, "real_data": args.real_data, "reps": args.reps,
+            "short": args.short, "long": args.long, "engine_start_s": round(started, 1), "shapes": shapes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["correctness", "cost"])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="mha")
+    parser.add_argument("--kv-canary", default="log", choices=["none", "log", "raise"])
+    parser.add_argument("--real-data", default="partial", choices=["none", "partial", "all"])
+    parser.add_argument("--perturb", type=float, default=0.0, help="arm every self-test perturbation at this rate")
+    parser.add_argument("--kv-canary-sweep-interval", type=int, default=0)
+    parser.add_argument("--piecewise", action="store_true", help="keep sglang's piecewise prefill graphs")
+    parser.add_argument("--decode-steps", type=int, default=2500)
+    parser.add_argument("--pool-tokens", type=int, default=16384)
+    parser.add_argument("--mem-fraction", type=float, default=0.85)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--short", type=int, default=16)
+    parser.add_argument("--long", type=int, default=144)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
+    args = parser.parse_args()
+    if args.perturb:
+        os.environ["SGLANG_KV_CANARY_PERTURB"] = f"all={args.perturb}"
+        os.environ.setdefault("SGLANG_KV_CANARY_PERTURB_SEED", str(args.seed))
+    os.environ.setdefault("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "100")
+    result = {"argv": sys.argv[1:], **which_sglang()}
+    try:
+        result.update(correctness(args) if args.what == "correctness" else cost(args))
+        result["ok"] = True
+    except Exception as exc:  # the report shows the failure; gpu.sh goes on with the next run
+        import traceback
+
+        traceback.print_exc()
+        result.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result), flush=True)
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
