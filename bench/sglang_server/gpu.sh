@@ -70,13 +70,27 @@ for suite in "$@"; do
             run "$layout-perturb" "$OURS" correctness --layout "$layout" --perturb 0.02 \
                 --kv-canary-sweep-interval 16 --mem-fraction 0.9 &
         done
-        run mha-clean-piecewise "$OURS" correctness --layout mha --piecewise --mem-fraction 0.9 &
+        run mha-clean-breakable "$OURS" correctness --layout mha --prefill-graph default --mem-fraction 0.9 &
         wait
         ;;
-    cost)
-        # One engine at a time, interleaved: off, ours, sglang's own, then off again to show drift.
+    correctness2)
+        # EAGLE (its draft graphs need deep_gemm, missing from the first bundle) and the prefill graph
+        # backends: sglang's default (breakable) and the torch.compile one sglang's own canary refuses.
+        for mode in clean perturb; do
+            extra=(); [ $mode = perturb ] && extra=(--perturb 0.02 --kv-canary-sweep-interval 16)
+            run "eagle-$mode" "$OURS" correctness --layout eagle "${extra[@]}" --mem-fraction 0.9 &
+        done
+        run eagle-clean-breakable "$OURS" correctness --layout eagle --prefill-graph default --mem-fraction 0.9 &
+        run mha-clean-tc-piecewise "$OURS" correctness --layout mha --prefill-graph tc_piecewise --mem-fraction 0.9 &
+        wait
+        ;;
+    cost-a)
+        # One engine at a time (two calls of at most 10 minutes): off and ours here, then sglang's own
+        # and off again in cost-b, which shows how far two engines of the same code differ.
         run off "$RELEASE" cost --kv-canary none
         run ours "$OURS" cost --kv-canary log
+        ;;
+    cost-b)
         run upstream "$RELEASE" cost --kv-canary log
         run off-again "$RELEASE" cost --kv-canary none
         ;;

@@ -1,6 +1,6 @@
 """Drive one real sglang engine (``sglang.Engine``) with random weights: a correctness workload or the cost shapes.
 
-    python bench/sglang_server/serve.py correctness --layout mha --out r.json [--perturb 0.02] [--piecewise]
+    python bench/sglang_server/serve.py correctness --layout mha --out r.json [--perturb 0.02] [--prefill-graph default]
     python bench/sglang_server/serve.py cost --out r.json [--kv-canary log]
 
 Which sglang runs is whatever ``import sglang`` finds: ``gpu.sh`` puts the applied copy first on
@@ -51,10 +51,10 @@ def engine_args(args, model_path: Path, draft_path: Path | None) -> dict:
         mem_fraction_static=args.mem_fraction,
         log_level="info",
     )
-    if not args.piecewise:
-        # sglang's own canary refuses the piecewise prefill graphs (its install asserts), so every
-        # way of the comparison runs without them; --piecewise keeps sglang's default for ours.
-        kw["cuda_graph_backend_prefill"] = "disabled"
+    if args.prefill_graph != "default":
+        # sglang's default prefill graph is the breakable one; tc_piecewise is the torch.compile
+        # backend that sglang's own canary refuses at install.
+        kw["cuda_graph_backend_prefill"] = args.prefill_graph
     if args.kv_canary_sweep_interval:
         kw["kv_canary_sweep_interval"] = args.kv_canary_sweep_interval
     if draft_path is not None:
@@ -109,18 +109,21 @@ def correctness(args) -> dict:
     served = time.perf_counter() - t0
     engine.shutdown()
     return {"kind": "correctness", "layout": args.layout, "model": model, "draft": draft,
-            "perturb": args.perturb, "piecewise": args.piecewise, "pool_tokens": args.pool_tokens,
+            "perturb": args.perturb, "prefill_graph": args.prefill_graph, "pool_tokens": args.pool_tokens,
             "waves": waves, "requests": requests, "generated_tokens": generated,
             "engine_start_s": round(started, 1), "serve_s": round(served, 1)}
 
 
 def cost(args) -> dict:
-    """Per decode step time per shape: the difference of two runs over the same cached prompts.
+    """Per decode step time per shape, two ways from the same runs.
 
-    Each shape's prompts are prefilled once (one new token), so the timed runs reuse them from the
-    radix cache and extend one token; a run of N1 and one of N2 new tokens then differ by exactly
-    N2 - N1 decode steps of the whole batch, with every fixed cost (submission, the one-token
-    extend, detokenisation, return) cancelling out.
+    Each shape's prompts are prefilled once (one new token), and one short run warms the batch
+    size up (kernels compiled for it, graphs replayed once); the timed runs then reuse the prompts
+    from the radix cache and extend one token. (a) Difference: a run of N1 and one of N2 new
+    tokens differ by exactly N2 - N1 decode steps of the whole batch, every fixed cost (submission,
+    the one-token extend, return) cancelling out. (b) The scheduler's own figure: its
+    ``Decode batch`` lines (every 40 decode steps) give the batch over the generation throughput
+    of each interval; ``report.py`` reads them between this run's ``cost: begin``/``end`` marks.
     """
     import sglang
 
@@ -145,10 +148,13 @@ def cost(args) -> dict:
             return elapsed
 
         run(1)
+        run(args.short)
+        print(f"cost: begin batch {batch} context {context}", file=sys.stderr, flush=True)
         steps = []
         for _ in range(args.reps):
             short, long_ = run(args.short), run(args.long)
             steps.append((long_ - short) / (args.long - args.short))
+        print(f"cost: end batch {batch} context {context}", file=sys.stderr, flush=True)
         step = statistics.median(steps)
         shapes.append({"batch": batch, "context": context, "step_ms": round(step * 1e3, 4),
                        "step_ms_reps": [round(s * 1e3, 4) for s in steps],
@@ -168,13 +174,14 @@ def main() -> None:
     parser.add_argument("--real-data", default="partial", choices=["none", "partial", "all"])
     parser.add_argument("--perturb", type=float, default=0.0, help="arm every self-test perturbation at this rate")
     parser.add_argument("--kv-canary-sweep-interval", type=int, default=0)
-    parser.add_argument("--piecewise", action="store_true", help="keep sglang's piecewise prefill graphs")
+    parser.add_argument("--prefill-graph", default="disabled", choices=["disabled", "default", "tc_piecewise"],
+                        help="prefill CUDA graph backend (default: sglang's own choice, the breakable graph)")
     parser.add_argument("--decode-steps", type=int, default=2500)
     parser.add_argument("--pool-tokens", type=int, default=16384)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--short", type=int, default=16)
-    parser.add_argument("--long", type=int, default=144)
+    parser.add_argument("--long", type=int, default=208)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     args = parser.parse_args()
