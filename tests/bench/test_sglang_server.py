@@ -1,0 +1,136 @@
+"""bench/sglang_server: the carry bundle is reproducible and checked, and the report is rebuilt from the archives."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[2] / "bench" / "sglang_server"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_sglang_server_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bundle = load("bundle")
+report = load("report")
+
+
+def fake_kernel_wheel(path: Path) -> None:
+    members = {
+        "sgl_kernel/__init__.py": b"import os\n",
+        "sgl_kernel/flash_ops.abi3.so": b"\0" * 4096,
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": b"\1" * 512,
+        "sgl_kernel/sm100/common_ops.abi3.so": b"\2" * 1024,
+        "sgl_kernel/sm90/common_ops.abi3.so": b"\3" * 1024,
+        "sgl_kernel/flash_attn.py": b"try:\n    from . import flash_ops\nexcept ImportError:\n    pass\n",
+    }
+    record = "".join(f"{name},sha256=x,{len(data)}\n" for name, data in members.items())
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2026, 7, 17, 22, 17, 0)), data)
+        zf.writestr("sglang_kernel-0.4.5.dist-info/RECORD", record + "sglang_kernel-0.4.5.dist-info/RECORD,,\n")
+
+
+def test_trim_drops_the_unused_kernels_and_their_record_lines(tmp_path):
+    source, target = tmp_path / "k.whl", tmp_path / "trimmed.whl"
+    fake_kernel_wheel(source)
+    bundle.trim(source, target)
+    with zipfile.ZipFile(target) as zf, zipfile.ZipFile(source) as src:
+        names = zf.namelist()
+        assert names == ["sgl_kernel/__init__.py", "sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/flash_attn.py",
+                         "sglang_kernel-0.4.5.dist-info/RECORD"]
+        for name in names[:-1]:
+            assert zf.read(name) == src.read(name)
+        record = zf.read(names[-1]).decode()
+    assert "flash_ops" not in record and "sm100" not in record and "infllm" not in record
+    assert "sgl_kernel/sm90/common_ops.abi3.so" in record
+
+
+def test_trim_is_byte_for_byte_reproducible(tmp_path):
+    source = tmp_path / "k.whl"
+    fake_kernel_wheel(source)
+    bundle.trim(source, tmp_path / "a.whl")
+    bundle.trim(source, tmp_path / "b.whl")
+    assert (tmp_path / "a.whl").read_bytes() == (tmp_path / "b.whl").read_bytes()
+
+
+def test_fetch_refuses_a_wheel_whose_hash_differs(tmp_path):
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not the pinned bytes")
+    with pytest.raises(SystemExit, match="does not match wheels.lock"):
+        bundle.fetch(wheel.name, "0" * 64, tmp_path)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert bundle.fetch(wheel.name, digest, tmp_path) == wheel
+
+
+def test_split_keeps_every_part_under_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle, "PART_LIMIT", 100)
+    paths = []
+    for i, size in enumerate([60, 50, 40, 30, 20, 10, 90]):
+        path = tmp_path / f"w{i}.whl"
+        path.write_bytes(b"x" * size)
+        paths.append(path)
+    parts = bundle.split(paths)
+    assert sorted(p for part in parts for p in part) == sorted(paths)
+    assert all(sum(p.stat().st_size for p in part) <= 100 for part in parts)
+    assert len(parts) == 3  # 300 bytes in parts of 100
+    (tmp_path / "big.whl").write_bytes(b"x" * 101)
+    with pytest.raises(SystemExit, match="larger than one part"):
+        bundle.split([tmp_path / "big.whl"])
+
+
+def test_the_lock_pins_every_wheel_by_sha256_and_the_trim_of_a_pinned_one():
+    pins, trimmed = bundle.read_lock()
+    assert len(pins) > 50 and len(trimmed) == 1
+    assert all(len(d) == 64 and int(d, 16) >= 0 for d in [*pins.values(), *trimmed.values()])
+    assert all(name.endswith(".whl") for name in pins)
+    assert set(trimmed) <= set(pins)
+    assert any(name.startswith("sglang-0.5.17-") for name in pins)
+
+
+def test_report_rebuilds_the_committed_page_from_the_committed_archives(tmp_path):
+    results = HERE / "results"
+    folder = tmp_path / "results"
+    shutil.copytree(results, folder)
+    (folder / "RESULTS.md").unlink()
+    (folder / "results.json").unlink()
+    report.main([str(folder)])
+    assert (folder / "RESULTS.md").read_text() == (results / "RESULTS.md").read_text()
+    assert (folder / "results.json").read_text() == (results / "results.json").read_text()
+
+
+def cost_log(throughputs: list[float], tokens: list[int], batch: int = 8, context: int = 1024) -> str:
+    lines = [f"[t] Decode batch, #running-req: {batch}, #token: {n}, token usage: 0.1, cuda graph: True, "
+             f"gen throughput (token/s): {x}, #queue-req: 0" for x, n in zip(throughputs, tokens)]
+    return f"cost: begin batch {batch} context {context}\n" + "\n".join(lines) + f"\ncost: end batch {batch} context {context}\n"
+
+
+def run(log: str, step_ms: float = 1.0) -> dict:
+    return {"log": log, "json": {"shapes": [{"batch": 8, "context": 1024, "step_ms": step_ms}]}}
+
+
+def test_cost_pairs_the_decode_lines_of_the_same_steps():
+    off = run(cost_log([1000.0, 1000.0, 500.0], [100, 200, 300]))
+    ours = run(cost_log([990.0, 995.0, 400.0], [100, 200, 300]))
+    (row,) = report.cost_table({"off": off, "ours": ours})
+    # 8 tokens / 1000 per s = 8 ms; ours 8.0808, 8.0402, 20 ms: paired changes +1.01 %, +0.50 %, +25 %.
+    assert row["ours"]["vs_off_pct"] == pytest.approx(1.0101, abs=1e-3)
+    assert row["off"]["step_ms"] == pytest.approx(8.0)
+
+
+def test_cost_refuses_lines_that_cover_other_steps():
+    off = run(cost_log([1000.0, 1000.0], [100, 200]))
+    ours = run(cost_log([1000.0, 1000.0], [100, 201]))
+    with pytest.raises(SystemExit, match="do not cover the same steps"):
+        report.cost_table({"off": off, "ours": ours})
