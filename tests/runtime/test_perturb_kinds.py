@@ -6,14 +6,18 @@ leave them); batches are the reference engine's ForwardBatch with the host copie
 """
 
 import os
+import random
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from kernels.scenario import make_scenario
 
 from canary_instrument.runtime import reference
-from canary_instrument.runtime.perturb import PerturbSettings, score
+from canary_instrument.runtime.perturb import Injection, PerturbSettings, score
+from canary_instrument.runtime.perturb.base import KindContext, device_position, device_row
+from canary_instrument.runtime.perturb.batch import BatchFacts, batch_facts
 from canary_instrument.runtime.perturb.perturber import ManagerView, Perturber
 from canary_instrument.runtime.state import GROUP_SWA
 from canary_instrument.runtime.sweep import Sweeper
@@ -279,3 +283,183 @@ def test_limit_makes_a_one_shot_fault():
     assert [i.step for i in pert.drain()] == [1] and pert.counts == {"next_token_swap": 1}
     with pytest.raises(ValueError, match="limit must be >= 1 or None"):
         Perturber(PerturbSettings(rates=(("next_token_swap", 1.0),)), sc.state, limit=0)
+
+
+# ---------------------------------------------------------------- target verify as real sglang hands it over
+# sglang's spec-v2 worker with overlap scheduling and an attention backend that needs no host lengths:
+# seq_lens_cpu and extend_prefix_lens_cpu are None, there is no num_tokens_per_req, the draft width is
+# spec_info.draft_token_num, and the prefix exists only as the device tensor seq_lens.
+
+WIDTH = 3  # draft tokens per request
+
+
+class DeviceOnly(torch.Tensor):
+    """A CPU tensor standing in for a GPU one: a host read (which would synchronise the GPU) raises."""
+
+    _READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.numpy,
+              torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls._READS:
+            raise AssertionError(f"a perturbation read a device value on the host ({func.__name__})")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def verify_scenario(layout="mha", seed=3):
+    return make_scenario(layout, "partial", layout != "mla", seed=seed, num_reqs=3, max_bs=4, prefix_lens=[12, 7, 9],
+                         extend_lens=[WIDTH] * 3, swa_window=5, max_context=40, full_slots=128, swa_slots=64,
+                         unfingerprinted=0.0, share_prefix=False)
+
+
+def verify_batch(sc):
+    """The scenario's forward as a TARGET_VERIFY batch of real sglang: its tensors (views of the scenario's)
+    refuse host reads."""
+    reqs = sc.requests
+    device = lambda t: t.as_subclass(DeviceOnly)  # noqa: E731
+    return ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=len(reqs),
+        input_ids=device(sc.input_ids[: WIDTH * len(reqs)]),
+        req_pool_indices=device(sc.plan.req_pool_indices[: len(reqs)].clone()),
+        seq_lens=device(torch.tensor([r.prefix for r in reqs])),  # a verify's seq_lens: the prefix
+        positions=device(torch.cat([torch.arange(r.prefix, r.prefix + WIDTH) for r in reqs])),
+        out_cache_loc=device(torch.tensor([s for r in reqs for s in r.full_slots[r.prefix:]], dtype=torch.int64)),
+        extend_prefix_lens_cpu=None, extend_seq_lens_cpu=None, seq_lens_cpu=None, num_tokens_per_req=None,
+        spec_info=SimpleNamespace(draft_token_num=WIDTH),
+    )
+
+
+def owner(sc, injection):
+    """The scenario's request (its host-known truth) that an injection's req-pool index names."""
+    return {r.pool_index: r for r in sc.requests}[injection.req]
+
+
+def logged(injection):
+    """The injection as score_log reads it back from its line (the line carries the position)."""
+    [parsed] = Injection.find_all(injection.format())
+    return parsed
+
+
+def test_verify_batch_facts_without_host_copies():
+    sc = verify_scenario()
+    fb = verify_batch(sc)
+    facts = batch_facts(fb)
+    assert (facts.mode, facts.prefix, facts.new, facts.size, facts.tokens) == ("verify", None, (WIDTH,) * 3, 3, 9)
+    assert facts.device_prefix is not None and facts.device_prefix.data_ptr() == fb.seq_lens.data_ptr()
+    fb.seq_lens_cpu = torch.tensor([12, 7, 9])  # with a host copy: host facts, the width still from spec_info
+    assert batch_facts(fb) == BatchFacts("verify", (12, 7, 9), (WIDTH,) * 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_req_to_token_in_a_verify_without_host_copies(layout, seed):
+    sc = verify_scenario(layout, seed)
+    fb = verify_batch(sc)
+    table = sc.state.req_to_token.clone()
+    pert = perturber("req_to_token", sc.state, seed)
+    found = one_step(sc, fb, pert)
+    assert torch.equal(sc.state.req_to_token, table), "the entry must be restored after the forward"
+    [injection] = pert.drain()
+    request = owner(sc, injection)
+    p, q = injection.position, injection.get("new_position")
+    assert 0 <= p < request.prefix - 1 and 0 <= q < request.prefix and q != p
+    assert (injection.slot, injection.get("new_slot")) == (request.full_slots[p], request.full_slots[q])
+    assert injection.applied and [n for n, _ in injection.extra] == ["new_position", "new_slot"]
+    result = score([logged(injection)], found)
+    assert (result.reported, result.kinds["req_to_token"].delays, result.unattributed) == (1, [0], [])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout,target", [("mha", "any"), ("swa", "swa"), ("swa", "full")])
+def test_real_kv_used_in_a_verify_without_host_copies(layout, target, seed):
+    sc = verify_scenario(layout, seed)
+    fb = verify_batch(sc)
+    kv = [g.kv_words.clone() for g in sc.state.groups]
+    pert = perturber("real_kv_used", sc.state, seed, target)
+    pert.before_forward(ManagerView(step=4), fb)
+    [group] = [g for g, k in zip(sc.state.groups, kv) if not torch.equal(g.kv_words, k)]
+    reference.pre_forward(sc.state, sc.plan, sc.input_ids)
+    pert.after_forward(ManagerView(step=4), fb)
+    assert all(torch.equal(g.kv_words, k) for g, k in zip(sc.state.groups, kv)), "restored after the forward"
+    [injection] = pert.drain()
+    request = owner(sc, injection)
+    lowest = request.prefix - 5 if group.group == GROUP_SWA else 0  # the SWA group reads the last window only
+    assert max(0, lowest) <= injection.position < request.prefix
+    slot = request.full_slots[injection.position]
+    if group.group == GROUP_SWA:
+        slot = int(sc.state.swa_mapping[slot])
+    assert injection.applied and injection.slot == slot and "position" not in dict(injection.extra)
+    result = score([logged(injection)], records(sc.state, 4))
+    assert (result.reported, result.kinds["real_kv_used"].delays, result.unattributed) == (1, [0], [])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_real_kv_post_forward_in_a_verify_without_host_copies(layout, seed):
+    sc = verify_scenario(layout, seed)
+    fb = verify_batch(sc)
+    pert = perturber("real_kv_post_forward", sc.state, seed)
+    assert one_step(sc, fb, pert, step=1) == []
+    [injection] = pert.drain()
+    request = owner(sc, injection)
+    assert injection.position == request.prefix  # the first verified position: sure to be kept
+    slot = request.full_slots[request.prefix]
+    if injection.group == "swa":
+        slot = int(sc.state.swa_mapping[slot])
+    assert injection.applied and injection.slot == slot
+    next_step(sc)
+    result = score([logged(injection)], records_after(sc, 2))
+    assert (result.reported, result.kinds["real_kv_post_forward"].delays, result.unattributed) == (1, [1], [])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_next_token_swap_in_a_verify_without_host_copies(layout, seed):
+    sc = verify_scenario(layout, seed)
+    fb = verify_batch(sc)
+    before = sc.input_ids.clone()  # fb.input_ids is a view of it
+    pert = perturber("next_token_swap", sc.state, seed)
+    found = one_step(sc, fb, pert)
+    [injection] = pert.drain()
+    assert injection.applied and int((before != sc.input_ids).sum()) == 2
+    first = {r.pool_index: (before[WIDTH * i], r.prefix) for i, r in enumerate(sc.requests)}
+    (token, position), (other_token, other_position) = first[injection.req], first[injection.get("other_req")]
+    assert (injection.position, injection.get("other_position")) == (position, other_position)
+    assert (injection.get("token"), injection.get("other_token")) == (token, other_token)
+    names = ["other_position", "other_req", "other_slot", "token", "other_token"]
+    assert [n for n, _ in injection.extra] == names + (["swa_slot", "other_swa_slot"] if layout == "swa" else [])
+    token_hits = {(v.req_pool_index, v.position) for v in found if "token" in v.reasons}
+    assert token_hits == {(injection.req, position), (injection.get("other_req"), other_position)}
+    result = score([logged(injection)], found)
+    assert (result.reported, result.kinds["next_token_swap"].delays, result.unattributed) == (1, [0], [])
+
+
+@pytest.mark.parametrize("kind,prefix_lens", [("req_to_token", [1, 0]), ("real_kv_used", [0, 0])])
+def test_verify_without_host_copies_and_no_target_is_logged_as_not_applied(kind, prefix_lens):
+    # Prefixes too short for a target (req_to_token needs 2 positions, real_kv_used 1): the device finds
+    # nothing, changes nothing, and the line says applied=0.
+    sc = make_scenario("mha", "partial", seed=1, num_reqs=2, max_bs=2, prefix_lens=prefix_lens,
+                       extend_lens=[WIDTH] * 2, max_context=40, full_slots=128, unfingerprinted=0.0,
+                       share_prefix=False)
+    fb = verify_batch(sc)
+    table, kv = sc.state.req_to_token.clone(), sc.state.groups[0].kv_words.clone()
+    pert = perturber(kind, sc.state)
+    pert.before_forward(ManagerView(step=1), fb)
+    assert torch.equal(sc.state.req_to_token, table) and torch.equal(sc.state.groups[0].kv_words, kv)
+    [injection] = pert.drain()
+    assert not injection.applied and score([injection], []).not_applied == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_device_position_is_uniform_in_its_range_and_invalid_when_empty(seed):
+    ctx = KindContext(state=None, rng=random.Random(seed), target_group="any")
+    low, high = torch.tensor([3]), torch.tensor([8])
+    drawn = [device_position(ctx, low, high) for _ in range(500)]
+    counts = torch.bincount(torch.cat([p for p, _ in drawn]), minlength=8).tolist()
+    assert counts[:3] == [0, 0, 0] and min(counts[3:]) >= 70 and all(bool(v) for _, v in drawn)
+    position, valid = device_position(ctx, torch.tensor([4]), torch.tensor([4]))
+    assert (position.dtype, valid.dtype, int(position), bool(valid)) == (torch.int64, torch.bool, 4, False)
+    row, valid = device_row(ctx, torch.tensor([False, True, False, True]))
+    assert int(row) in (1, 3) and bool(valid)
+    assert not bool(device_row(ctx, torch.tensor([False, False]))[1])

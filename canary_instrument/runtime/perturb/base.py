@@ -3,7 +3,11 @@
 A kind picks its target from host-known data (batch facts, the cache's structure) with its own
 seeded generator, then corrupts it with device ops only: indices it does not know on the host
 (a request's req-pool index, a slot) stay device tensors, and what they turned out to be is read
-back later (``facts.FactReadback``). No kind reads a device value on the host.
+back later (``facts.FactReadback``). Where the host does not know the range to draw from (a
+target verify whose prefix only the device holds), the generator draws the choice (a fraction, an
+order) and device ops turn it into the target (``device_row``, ``device_position``); the position
+hit is then a device fact too (``position``, overriding ``Planned.position`` in the log line).
+No kind reads a device value on the host.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ class Planned:
 
     kind: str
     step: int
-    position: int
+    position: int  # host-known position (else a device fact "position"; -1 here)
     group: str = "-"
     half: str = "-"
     slot: int = -1  # host-known slot, when it is (else a device fact "slot")
@@ -85,3 +89,30 @@ def flip_bit(kv_words: Any, slot: Any, valid: Any, byte: int, bit: int) -> Calla
 
     xor()
     return xor
+
+
+def device_row(ctx: KindContext, ok: Any) -> tuple[Any, Any]:
+    """A batch row where the device bool tensor ``ok`` holds, uniformly among those: the first such row of a
+    host-drawn random order (argmax finds the first maximum). Returns (row, valid) one-element int64/bool
+    device tensors; valid is False (row arbitrary) when no row is ok."""
+    import torch
+
+    order = list(range(ok.shape[0]))
+    ctx.rng.shuffle(order)
+    order = host_to_device(order, ok.device)
+    row = order.index_select(0, ok.index_select(0, order).to(torch.int8).argmax().reshape(1))
+    return row, ok.index_select(0, row)
+
+
+def device_position(ctx: KindContext, low: Any, high: Any) -> tuple[Any, Any]:
+    """A position uniform in [low, high) (one-element device int tensors) from a host-drawn fraction, device
+    ops only. Returns (position, valid) one-element int64/bool tensors; valid is False (position low) when
+    the range is empty."""
+    import torch
+
+    low, high = low.reshape(1).to(torch.int64), high.reshape(1).to(torch.int64)
+    span = (high - low).clamp(min=0)
+    offset = (span.to(torch.float64) * ctx.rng.random()).to(torch.int64)
+    # The fraction is below 1, but the product may round up to span itself.
+    offset = torch.minimum(offset, (span - 1).clamp(min=0))
+    return low + offset, span > 0

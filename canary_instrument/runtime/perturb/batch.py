@@ -1,9 +1,13 @@
-"""Host-known facts of a forward batch that perturbations pick targets from, without reading the device.
+"""Facts of a forward batch that perturbations pick targets from, without reading the device.
 
 Per request of the batch: how many leading positions this forward reads (and verifies) and how
 many it writes. They come from the batch's host copies (sglang's ``extend_prefix_lens_cpu``,
-``extend_seq_lens_cpu``, ``seq_lens_cpu``). A batch that carries none of them gets no batch
-perturbation; nothing is ever read back from the device to find out.
+``extend_seq_lens_cpu``, ``seq_lens_cpu``). A target verify may carry none of them (sglang's
+spec-v2 worker with overlap scheduling publishes no host copy when the attention backend does not
+need one): its prefix is then the device tensor ``seq_lens``, kept as ``device_prefix`` for the
+kinds to draw from with device ops, while its width stays a host fact (the draft token count).
+Any other batch without its host copies gets no batch perturbation; nothing is ever read back
+from the device to find out.
 """
 
 from __future__ import annotations
@@ -11,23 +15,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from canary_instrument.runtime.plan import draft_token_count
+
 
 @dataclass(frozen=True)
 class BatchFacts:
     mode: str  # "decode" | "extend" | "verify"
-    prefix: tuple  # per request: positions [0, prefix) exist before this forward and are read by it
+    # Per request: positions [0, prefix) exist before this forward and are read by it; None when only
+    # the device knows them (``device_prefix``).
+    prefix: Optional[tuple]
     new: tuple  # per request: positions [prefix, prefix + new) are written by it
+    device_prefix: Any = None  # verify without host copies: the prefix per request, a device int tensor [size]
 
     @property
     def size(self) -> int:
-        return len(self.prefix)
+        return len(self.new)
 
     @property
     def tokens(self) -> int:
         return sum(self.new)
 
     def token_owner(self, index: int) -> tuple[int, int]:
-        """(request row, position) of the batch's ``index``-th new token, in batch order."""
+        """(request row, position) of the batch's ``index``-th new token, in batch order (host prefix only)."""
         for row, count in enumerate(self.new):
             if index < count:
                 return row, self.prefix[row] + index
@@ -46,7 +55,7 @@ def _host_list(value: Any) -> Optional[list[int]]:
 
 
 def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
-    """The batch's per-request facts, or None when it is idle or its host copies are missing."""
+    """The batch's per-request facts, or None when it is idle or the facts it needs are missing."""
     if forward_batch is None:
         return None
     mode = forward_batch.forward_mode
@@ -55,12 +64,18 @@ def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
         return None
     seq_lens = _host_list(getattr(forward_batch, "seq_lens_cpu", None))
     if mode.is_target_verify():
-        # sglang reports the prefix as seq_lens for a verify; every request scores the same draft width.
-        prefix = seq_lens or _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
-        width = getattr(forward_batch, "num_tokens_per_req", None)
-        if prefix is None or not width:
+        # sglang reports the prefix as seq_lens for a verify; every request scores the same draft width,
+        # which real sglang declares on spec_info (draft_token_num), not as num_tokens_per_req.
+        width = draft_token_count(forward_batch)
+        if width < 1:
             return None
-        return BatchFacts("verify", tuple(prefix[:size]), (int(width),) * size)
+        prefix = seq_lens or _host_list(getattr(forward_batch, "extend_prefix_lens_cpu", None))
+        if prefix is not None:
+            return BatchFacts("verify", tuple(prefix[:size]), (width,) * size)
+        device_prefix = getattr(forward_batch, "seq_lens", None)
+        if device_prefix is None:
+            return None
+        return BatchFacts("verify", None, (width,) * size, device_prefix=device_prefix[:size])
     if mode.is_decode():
         if seq_lens is None:
             return None

@@ -7,8 +7,9 @@ both positions in that forward's post-forward pass, and the rows carry the wrong
 they are read later (in a target verify, the first token of each request: the EAGLE draft's
 comparison with the target's rows reports it). The tokens are device values: the host picks one request and a random order
 of the others, and the device swaps with the first request in that order whose token differs
-(none differs: nothing is swapped and the injection is logged ``applied=0``). It cannot be
-undone: the KV has been computed.
+(none differs: nothing is swapped and the injection is logged ``applied=0``). In a target verify
+whose prefixes only the device holds, both positions are device values too, logged from the device
+facts. It cannot be undone: the KV has been computed.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ class NextTokenSwap:
         if mapping is not None:  # the SWA group's rows of both positions carry the wrong token too
             device["swa_slot"] = mapping.index_select(0, device["slot"]).to(torch.int64)
             device["other_swa_slot"] = mapping.index_select(0, device["other_slot"]).to(torch.int64)
+        if facts.prefix is None:
+            # A target verify whose prefixes only the device holds: both positions are device facts (placed
+            # first, so the line's fields keep their host-known order); the partner's row is not logged.
+            prefix = facts.device_prefix
+            del device["other_row"]
+            device = {"position": prefix[i : i + 1], "other_position": prefix.index_select(0, j), **device}
+            return Planned(self.name, step, position=-1, device=device)
         # Positions are host facts per row; the partner's row is a device fact, so its position is
         # filled in from ``positions`` when the facts arrive.
         return Planned(self.name, step, position=facts.prefix[i], device=device,

@@ -154,9 +154,10 @@ class Perturber:
 
     def _log(self, planned: Planned, facts: dict[str, int]) -> None:
         derived = tuple((name, table[facts.pop(key)]) for name, key, table in planned.derived)
+        position = facts.pop("position", planned.position)  # a device fact where the host did not know it
         injection = Injection(
             step=planned.step, kind=planned.kind, group=planned.group, half=planned.half,
-            slot=facts.get("slot", planned.slot), position=planned.position, req=facts.get("req", planned.req),
+            slot=facts.get("slot", planned.slot), position=position, req=facts.get("req", planned.req),
             applied=bool(facts.get("applied", 1)),
             extra=planned.extra + derived + tuple((k, v) for k, v in facts.items() if k not in _CORE_FACTS),
         )

@@ -13,6 +13,9 @@
 
 The last two are not restored: by the time it would be safe, the slot may belong to someone else.
 Layers other than 0 are not fingerprinted, so a flip there is out of the canary's reach by design.
+In a target verify whose prefixes only the device holds, ``real_kv_used`` draws the request and
+the position on the device, and ``real_kv_post_forward``'s position (the request's prefix) is a
+device value; both log the position from the device facts.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from canary_instrument.runtime.perturb.base import (
     HALF_NAMES,
     KindContext,
     Planned,
+    device_position,
+    device_row,
     fingerprinted_bytes,
     flip_bit,
     host_to_device,
@@ -44,12 +49,17 @@ def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:
     return mapped, full_ok & (mapped > 0) & (mapped < group.rows.shape[0])
 
 
-def _flip(ctx: KindContext, name: str, step: int, group: Any, full_slot: Any, position: int,
-          device: dict, restore: bool) -> Planned:
-    slot, valid = _resolve(ctx.state, group, full_slot)
+def _flip(ctx: KindContext, name: str, step: int, group: Any, full_slot: Any, position: Any,
+          device: dict, restore: bool, valid: Any = None) -> Planned:
+    """``position``: a host int, or a one-element device tensor (logged as the device fact ``position``);
+    ``valid``: a device bool the target's own draw adds (an empty range flips nothing)."""
+    slot, resolved = _resolve(ctx.state, group, full_slot)
+    valid = resolved if valid is None else resolved & valid
     byte = ctx.rng.randrange(fingerprinted_bytes(ctx.state))
     bit = ctx.rng.randrange(8)
     undo = flip_bit(group.kv_words, slot, valid, byte, bit)
+    if hasattr(position, "shape"):
+        device, position = {**device, "position": position}, -1
     return Planned(
         name, step, position=position, group=GROUP_NAMES[group.group], half=HALF_NAMES[group.half],
         extra=(("byte", byte), ("bit", bit)), device={**device, "slot": slot, "applied": valid},
@@ -65,6 +75,9 @@ class RealKvUsed:
         import torch
 
         facts = batch_facts(forward_batch)
+        if facts is not None and facts.prefix is None:
+            group = pick_group(ctx)
+            return None if group is None else self._inject_device(ctx, step, forward_batch, facts, group)
         rows = [r for r in range(facts.size) if facts.prefix[r] >= 1] if facts else []
         group = pick_group(ctx)
         if not rows or group is None:
@@ -78,6 +91,23 @@ class RealKvUsed:
         req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
         full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
         return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True)
+
+    def _inject_device(self, ctx: KindContext, step: int, forward_batch: Any, facts: Any, group: Any) -> Planned:
+        """The same draw where only the device knows the prefixes (a target verify without host copies): the
+        request and position are device values; when no request has a prefix, nothing flips (``applied=0``)."""
+        import torch
+
+        prefix = facts.device_prefix.to(torch.int64)
+        r, valid = device_row(ctx, prefix >= 1)
+        high = prefix.index_select(0, r)
+        # The SWA group verifies (and attention reads) only the request's last window of positions.
+        low = (high - ctx.state.swa_window).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
+        position, in_range = device_position(ctx, low, high)
+        table = ctx.state.req_to_token
+        req = forward_batch.req_pool_indices.index_select(0, r).to(torch.int64)
+        full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
+        return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True,
+                     valid=valid & in_range)
 
 
 def _last_windows(facts: Any, window: int) -> list[int]:
@@ -102,9 +132,11 @@ class RealKvPostForward:
             return None
         if facts.mode == "verify":
             # Only a request's first verified position is sure to be kept: the draft guesses after it may be
-            # rejected and freed, and a flip there is never read.
+            # rejected and freed, and a flip there is never read. Its position is the request's prefix, a
+            # device value when the batch has no host copy.
             r = ctx.rng.randrange(facts.size)
-            token, position = sum(facts.new[:r]), facts.prefix[r]
+            token = sum(facts.new[:r])
+            position = facts.prefix[r] if facts.prefix is not None else facts.device_prefix[r : r + 1]
         elif group.group == 1:
             # The SWA group keeps, and its next pass verifies, only each request's last window of positions;
             # the engine releases the rest unread, so a flip there could never be reported (nor harm).
