@@ -61,12 +61,12 @@ for suite in "$@"; do
         run mha-clean "$OURS" correctness --layout mha --decode-steps 200
         ;;
     correctness)
-        # Four engines share the GPU at a time (timing is not measured here); each caps its pool.
-        for layout in mha mla swa eagle; do
+        # Engines share the GPU (timing is not measured here); each caps its pool.
+        for layout in mha mla swa; do
             run "$layout-clean" "$OURS" correctness --layout "$layout" --mem-fraction 0.9 &
         done
         wait
-        for layout in mha mla swa eagle; do
+        for layout in mha mla swa; do
             run "$layout-perturb" "$OURS" correctness --layout "$layout" --perturb 0.02 \
                 --kv-canary-sweep-interval 16 --mem-fraction 0.9 &
         done
@@ -74,8 +74,8 @@ for suite in "$@"; do
         wait
         ;;
     correctness2)
-        # EAGLE (its draft graphs need deep_gemm, missing from the first bundle) and the prefill graph
-        # backends: sglang's default (breakable) and the torch.compile one sglang's own canary refuses.
+        # EAGLE, and the prefill graph backends: sglang's default (breakable) and the torch.compile one
+        # that sglang's own canary refuses.
         for mode in clean perturb; do
             extra=(); [ $mode = perturb ] && extra=(--perturb 0.02 --kv-canary-sweep-interval 16)
             run "eagle-$mode" "$OURS" correctness --layout eagle "${extra[@]}" --mem-fraction 0.9 &
