@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-sglang run on the GPU machine, from the repository root:
 #
-#     bash bench/sglang_server/gpu.sh [correctness] [cost] [smoke]
+#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, correctness, correctness2, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: copies the release's sglang package, runs
