@@ -124,9 +124,11 @@ def test_cost_pairs_the_decode_lines_of_the_same_steps():
     off = run(cost_log([1000.0, 1000.0, 500.0], [100, 200, 300]))
     ours = run(cost_log([990.0, 995.0, 400.0], [100, 200, 300]))
     (row,) = report.cost_table({"off": off, "ours": ours})
-    # 8 tokens / 1000 per s = 8 ms; ours 8.0808, 8.0402, 20 ms: paired changes +1.01 %, +0.50 %, +25 %.
+    # 8 tokens / 1000 per s = 8 ms; ours 8.0808, 8.0402, 20 ms: paired changes +1.01 %, +0.50 %, +25 %;
+    # off's steady state is the median of its lower two lines (8 ms), ours that times +1.01 %.
     assert row["ours"]["vs_off_pct"] == pytest.approx(1.0101, abs=1e-3)
     assert row["off"]["step_ms"] == pytest.approx(8.0)
+    assert row["ours"]["step_ms"] == pytest.approx(8.0 * 1.010101, abs=1e-3)
 
 
 def test_cost_refuses_lines_that_cover_other_steps():
