@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hashing
+from . import hashing, layers
 from .state import (
     FINGERPRINT,
     GROUP_SWA,
@@ -50,8 +50,10 @@ from .state import (
     LINK,
     PADDING_SLOT,
     POSITION,
+    ROW_BITS,
     SWA_UNMAPPED,
     TOKEN,
+    UNWRITTEN,
     CanaryGroup,
     CanaryState,
     PlanInputs,
@@ -91,6 +93,34 @@ def fingerprint_words(state: CanaryState, group: CanaryGroup) -> int:
     if state.realkv == "partial":
         return min(PARTIAL_WORDS, group.kv_words.shape[1])
     return group.kv_words.shape[1]
+
+
+def checked_layers(state: CanaryState, group: CanaryGroup, req_pool: torch.Tensor) -> torch.Tensor | None:
+    """Per entry, the one layer a pre-forward pass fingerprints with realkv=partial (the request's cursor modulo
+    the group's layers); None with realkv=all, where every layer is checked."""
+    if state.realkv == "all":
+        return None
+    return layers.cursor_table(state)[req_pool] % layers.layer_count(group)
+
+
+def check_fingerprints(group: CanaryGroup, nwords: int, slot: torch.Tensor, ok: torch.Tensor,
+                       checked: torch.Tensor | None):
+    """(bad, unwritten, stored, recomputed) over the layers ``checked`` names per entry (None: all layers):
+    bad where a stored fingerprint differs from the KV's, unwritten where it is 0; stored/recomputed of the
+    lowest failing layer."""
+    zero = torch.zeros_like(slot)
+    bad = unwritten = torch.zeros_like(ok)
+    stored_out, recomputed_out = zero, zero
+    for layer in reversed(range(layers.layer_count(group))):
+        due = ok if checked is None else ok & (checked == layer)
+        stored = layers.stored_fingerprint(group, slot, layer)
+        recomputed = hashing.fingerprint(layers.layer_words(group, layer)[slot, :nwords])
+        bad_here = due & (stored != 0) & (stored != recomputed)
+        bad = bad | bad_here
+        unwritten = unwritten | (due & (stored == 0))
+        stored_out = torch.where(bad_here, stored, stored_out)
+        recomputed_out = torch.where(bad_here, recomputed, recomputed_out)
+    return bad, unwritten, stored_out, recomputed_out
 
 
 def _batch(plan: PlanInputs) -> _Batch:
@@ -198,17 +228,21 @@ def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batc
     bad_link = ok & check_link & (row[:, 2] != expected_link)
 
     nwords = fingerprint_words(state, group)
-    recomputed = zero
-    bad_fp = torch.zeros_like(ok)
-    if nwords:
-        recomputed = hashing.fingerprint(group.kv_words[slots.slot, :nwords])
-        bad_fp = ok & (row[:, 3] != 0) & (row[:, 3] != recomputed)
+    bad_fp = unwritten_fp = torch.zeros_like(ok)
+    fp_stored = recomputed = zero
+    if nwords and kernel_id == KERNEL_PRE:
+        # Post-forward rows were written by this forward's pre-forward pass: their fingerprints are due after it.
+        checked = checked_layers(state, group, req_pool)
+        bad_fp, unwritten_fp, fp_stored, recomputed = check_fingerprints(group, nwords, slots.slot, ok, checked)
+        unwritten_fp = unwritten_fp | (ok & (row[:, 3] == 0))
 
     expected_token = _expected_tokens(state, kernel_id, batch, req, pos)
     bad_token = ok & (expected_token >= 0) & (row[:, 0] != expected_token)
 
     bad_pad = ~slots.full_ok
     bad_map = slots.full_ok & ~slots.map_ok
+    unwritten = unwritten_fp | (ok & (row[:, 2] == 0))
+    row_bits = ok & ((row[:, 0] >> 32) != 0)
     reasons = (
         bad_pos.long() * POSITION
         + bad_link.long() * LINK
@@ -216,14 +250,18 @@ def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batc
         + bad_token.long() * TOKEN
         + bad_map.long() * SWA_UNMAPPED
         + bad_pad.long() * PADDING_SLOT
+        + unwritten.long() * UNWRITTEN
+        + row_bits.long() * ROW_BITS
     )
     # stored/expected of the first failing field in reason-bit order: apply from last to first.
     stored, expected = zero, zero
     for bad, s, e in (
+        (row_bits, row[:, 0], row[:, 0] & 0xFFFFFFFF),
+        (unwritten, zero, zero),
         (bad_pad, slots.full_raw, zero),
         (bad_map, slots.mapped_raw, zero),
         (bad_token, row[:, 0], expected_token),
-        (bad_fp, row[:, 3], recomputed),
+        (bad_fp, fp_stored, recomputed),
         (bad_link, row[:, 2], expected_link),
         (bad_pos, row[:, 1], pos),
     ):
@@ -277,7 +315,8 @@ def _write_new_rows(state: CanaryState, group: CanaryGroup, batch: _Batch, input
                     req: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Rows (token, position, S_p, 0) of the new positions, the chain scanned per request."""
     req_pool = batch.req_pool[req]
-    tokens = input_ids.reshape(-1)[batch.token_base[req] + pos - batch.prefix[req]].long()
+    # Tokens are 32-bit: the row holds what the chain keys, so any bit above them is a corruption (ROW_BITS).
+    tokens = input_ids.reshape(-1)[batch.token_base[req] + pos - batch.prefix[req]].long() & 0xFFFFFFFF
 
     a, b = hashing.affine(tokens, pos)
     # Exclusive per-request prefix: item j gets the maps of its request's items before it.
@@ -373,7 +412,12 @@ def post_forward(state: CanaryState, plan: PlanInputs) -> None:
         nwords = fingerprint_words(state, group)
         if nwords:
             target = slots.slot[slots.ok]
-            group.rows[target, 3] = hashing.fingerprint(group.kv_words[target, :nwords])
+            for layer in range(layers.layer_count(group)):
+                fp = hashing.fingerprint(layers.layer_words(group, layer)[target, :nwords])
+                layers.store_fingerprint(group, target, layer, fp)
+    if state.realkv == "partial":
+        # The next pre-forward pass of each request that wrote fingerprints the next layer.
+        layers.cursor_table(state)[batch.req_pool[batch.extend > 0]] += 1
     if state.sampled_tokens is not None:
         # Consumed: an entry is only ever checked by the forward right after the sample that wrote it.
         state.sampled_tokens[batch.req_pool[batch.extend > 0]] = -1

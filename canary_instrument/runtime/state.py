@@ -20,6 +20,11 @@ FINGERPRINT = 4
 TOKEN = 8
 SWA_UNMAPPED = 16
 PADDING_SLOT = 32
+# A verified row misses a piece it must hold: a zero link (never written, or zeroed), or a zero
+# fingerprint word where the design says one is due (docs/kernels.md, "Complete rows").
+UNWRITTEN = 512
+# Bits of a row that no field uses are set: the token word's high 32 bits (tokens are 32-bit).
+ROW_BITS = 1024
 REASON_NAMES = {
     POSITION: "position",
     LINK: "link",
@@ -27,6 +32,8 @@ REASON_NAMES = {
     TOKEN: "token",
     SWA_UNMAPPED: "swa_unmapped",
     PADDING_SLOT: "padding_slot",
+    UNWRITTEN: "unwritten",
+    ROW_BITS: "row_bits",
 }
 
 # Kernel ids in violation records.
@@ -52,6 +59,13 @@ class CanaryGroup:
     rows: "torch.Tensor"  # int64 [num_slots, 4]: token, position, link, fingerprint
     # Layer 0's real KV rows of this half viewed as int64 words [num_slots, words]; None if real-KV mode is none.
     kv_words: Optional["torch.Tensor"] = None
+    # Every layer's rows of this half, the same geometry as kv_words (kv_layers[0] is kv_words); None = layer 0
+    # only. Set with runtime.layers.attach_layers, which also fills the two fields below.
+    kv_layers: Optional[list] = None
+    # int64 [layers]: each layer's data pointer, so one kernel argument reaches every layer's buffer.
+    kv_layer_ptrs: Optional["torch.Tensor"] = None
+    # int64 [num_slots, layers - 1]: fingerprints of layers 1.. (layer 0's is the row's own field 3); 0 = unwritten.
+    layer_fingerprints: Optional["torch.Tensor"] = None
 
 
 @dataclass
@@ -103,6 +117,10 @@ class CanaryState:
     # Draft worker: the target's FULL-group K canary rows [slots, 4] (same req_to_token, same slot
     # numbers); the pre-forward pass checks the token of draft position p against the target's p + 1.
     target_rows: Optional["torch.Tensor"] = None
+    # int64 [max_reqs]: per req-pool row, which layer its next pre-forward pass fingerprints with realkv=partial
+    # (value % layers of the group); the post-forward pass advances the entries of the requests it wrote for.
+    # None: layer 0 only.
+    layer_cursor: Optional["torch.Tensor"] = None
     swa_mapping: Optional["torch.Tensor"] = None  # int64 [full_slots]; SWA only
     swa_window: int = 0  # W: the SWA group verifies only the last W positions
     ring: Optional["torch.Tensor"] = None  # int64 [ring_size, 8] violation records

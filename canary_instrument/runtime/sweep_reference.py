@@ -13,7 +13,10 @@ Semantics, per sweep row (slot, position, prev_slot) and per (group, half):
 - LINK: position 0 must hold the chain seed; position p > 0 must hold the link derived from the
   predecessor's row, checked only where the predecessor is known (``0 < prev_slot < full_slots``,
   and in the SWA group mapped to a valid SWA row).
-- FINGERPRINT: a stored fingerprint (non-zero) differs from the one recomputed from layer 0's KV.
+- FINGERPRINT: a stored fingerprint (non-zero) differs from the one recomputed from its layer's KV, for every
+  layer the row's fingerprints describe (layer 0 in the row, layers 1.. in the group's table).
+- UNWRITTEN: a zero link, or a zero fingerprint of any layer (realkv partial or all): a cached row is complete.
+- ROW_BITS: the token word has bits above 32 set.
 - Records: ``(KERNEL_SWEEP, group * 2 + half, slot, position, stored, expected, reasons, -1)``, the
   stored/expected pair of the first failing field in reason-bit order.
 - Sweep counters (int64[3]): [0] sweep launches, [1] rows swept, [2] entries verified (rows per
@@ -26,7 +29,19 @@ import torch
 
 from ..codegen.specs import PARTIAL_WORDS
 from . import hashing
-from .state import FINGERPRINT, GROUP_SWA, KERNEL_SWEEP, LINK, PADDING_SLOT, POSITION, SWA_UNMAPPED, CanaryState
+from .reference import check_fingerprints
+from .state import (
+    FINGERPRINT,
+    GROUP_SWA,
+    KERNEL_SWEEP,
+    LINK,
+    PADDING_SLOT,
+    POSITION,
+    ROW_BITS,
+    SWA_UNMAPPED,
+    UNWRITTEN,
+    CanaryState,
+)
 from .sweep import SweepBuffers
 
 
@@ -70,11 +85,13 @@ def sweep(state: CanaryState, buffers: SweepBuffers) -> None:
         check_link = (pos == 0) | pred_ok
 
         nwords = _fingerprint_words(state, group)
-        fp_now = zero
-        bad_fp = torch.zeros_like(ok)
+        fp_stored = fp_now = zero
+        bad_fp = unwritten = torch.zeros_like(ok)
         if nwords:
-            fp_now = hashing.fingerprint(group.kv_words[slot, :nwords])
-            bad_fp = ok & (row[:, 3] != 0) & (row[:, 3] != fp_now)
+            # Every layer the stored fingerprints describe: a slice is bounded, and nobody else reads idle rows.
+            bad_fp, unwritten, fp_stored, fp_now = check_fingerprints(group, nwords, slot, ok, None)
+        unwritten = unwritten | (ok & (row[:, 2] == 0))
+        row_bits = ok & ((row[:, 0] >> 32) != 0)
         bad_pos = ok & (row[:, 1] != pos)
         bad_link = ok & check_link & (row[:, 2] != expected_link)
         bad_map = live & g_full_ok & ~map_ok
@@ -85,12 +102,16 @@ def sweep(state: CanaryState, buffers: SweepBuffers) -> None:
             + bad_fp.long() * FINGERPRINT
             + bad_map.long() * SWA_UNMAPPED
             + bad_pad.long() * PADDING_SLOT
+            + unwritten.long() * UNWRITTEN
+            + row_bits.long() * ROW_BITS
         )
         stored, expected = zero, zero
         for bad, s, e in (
+            (row_bits, row[:, 0], row[:, 0] & 0xFFFFFFFF),
+            (unwritten, zero, zero),
             (bad_pad, slot_raw, zero),
             (bad_map, mapped, zero),
-            (bad_fp, row[:, 3], fp_now),
+            (bad_fp, fp_stored, fp_now),
             (bad_link, row[:, 2], expected_link),
             (bad_pos, row[:, 1], pos),
         ):

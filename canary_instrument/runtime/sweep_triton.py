@@ -14,7 +14,7 @@ from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, spec_for
 from .state import CanaryState
 from .sweep import SweepBuffers
-from .triton_ops import kernels_dir, load_kernel_module, state_spec
+from .triton_ops import kernels_dir, layer_args, load_kernel_module, state_spec
 
 BLOCK = 128  # rows per tile, as the verify of the per-forward passes
 NUM_WARPS = 4
@@ -63,7 +63,7 @@ class TritonSweepOps:
         for g in state.groups:
             args.append(g.rows)
             if spec.realkv != "none":
-                args += [g.kv_words, g.kv_words.stride(0)]
+                args += layer_args(g)
         if spec.layout == "swa":
             args += [state.swa_mapping, next(g.rows.shape[0] for g in state.groups if g.group == 1)]
         args += [state.ring, state.ring_count, buffers.counters]

@@ -17,7 +17,8 @@ import torch
 
 from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
-from .state import CanaryState, PlanInputs
+from . import layers
+from .state import CanaryGroup, CanaryState, PlanInputs
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ def plan_width(num_reqs: int) -> int:
     every program a scan of thousands of lanes (bench/kernels/RESULTS.md). A captured graph has one
     batch size, so it compiles one variant; eager batches add at most one per power of two."""
     return max(MIN_MAX_BS, _next_pow2(max(1, int(num_reqs))))
+
+
+def layer_args(group: CanaryGroup) -> list:
+    """A fingerprinted group's kernel arguments: the per-layer pointer table, the row stride, the layer count and
+    the table of layers 1..'s fingerprints with its row stride."""
+    table = layers.fingerprint_table(group)
+    return [layers.pointer_table(group), group.kv_words.stride(0), layers.layer_count(group), table, table.stride(0)]
 
 
 def state_spec(state: CanaryState) -> Spec:
@@ -180,10 +188,11 @@ class TritonCanaryOps:
         for g in state.groups:
             args.append(g.rows)
             if spec.realkv != "none":
-                args += [g.kv_words, g.kv_words.stride(0)]
+                args += layer_args(g)
         if spec.layout == "swa":
             swa_rows = next(g.rows.shape[0] for g in state.groups if g.group == 1)
             args += [state.swa_mapping, swa_rows, state.swa_window]
+        args.append(layers.cursor_table(state))
         ring = self._scratch(state, "ring", (1, 8))
         args += [
             ring, self._scratch(state, "ring_count", (1,)),

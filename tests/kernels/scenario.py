@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from canary_instrument.runtime import hashing
+from canary_instrument.runtime.layers import attach_layers
 from canary_instrument.runtime.state import (
     GROUP_FULL,
     GROUP_SWA,
@@ -82,7 +83,8 @@ def make_scenario(
     expected_tokens: bool = True,
     target_margin: int = 1,
     pool_rows: int = 0,
-    unfingerprinted: float = 0.2,
+    unfingerprinted: float = 0.0,
+    layers: int = 1,
     device: str = "cpu",
 ) -> Scenario:
     rng = random.Random(seed)
@@ -138,10 +140,11 @@ def make_scenario(
     for g, h in groups_spec:
         n = swa_slots if g == GROUP_SWA else full_slots
         rows = torch.randint(-(2**62), 2**62, (n, 4), dtype=torch.int64, generator=gen)
-        words = None
+        group = CanaryGroup(group=g, half=h, rows=rows)
         if realkv != "none":
-            words = torch.randint(-(2**62), 2**62, (n, kv_words), dtype=torch.int64, generator=gen)
-        groups.append(CanaryGroup(group=g, half=h, rows=rows, kv_words=words))
+            attach_layers(group, [torch.randint(-(2**62), 2**62, (n, kv_words), dtype=torch.int64, generator=gen)
+                                  for _ in range(layers)])
+        groups.append(group)
 
     for req in requests:
         row_tokens = req.tokens[token_offset : token_offset + req.prefix]
@@ -152,11 +155,14 @@ def make_scenario(
                 s = req.full_slots[p]
                 if grp.group == GROUP_SWA:
                     s = int(mapping[s])
-                fp = 0
+                fps = [0] * layers
                 if grp.kv_words is not None and rng.random() >= unfingerprinted:
                     n_words = 2 if realkv == "partial" else grp.kv_words.shape[1]
-                    fp = hashing.fingerprint_int([w & hashing.U64 for w in grp.kv_words[s, :n_words].tolist()])
-                grp.rows[s] = torch.tensor([row_tokens[p], p, hashing.as_signed(links[p]), hashing.as_signed(fp)])
+                    fps = [hashing.fingerprint_int([w & hashing.U64 for w in kv[s, :n_words].tolist()])
+                           for kv in grp.kv_layers]
+                grp.rows[s] = torch.tensor([row_tokens[p], p, hashing.as_signed(links[p]), hashing.as_signed(fps[0])])
+                if layers > 1:
+                    grp.layer_fingerprints[s] = torch.tensor([hashing.as_signed(f) for f in fps[1:]])
 
     def padded(values, dtype, junk):
         out = torch.tensor([junk() for _ in range(max_bs)], dtype=dtype)
@@ -193,6 +199,8 @@ def make_scenario(
         ring_count=torch.zeros(1, dtype=torch.int64),
         counters=torch.zeros(4, dtype=torch.int64),
         group_verified=torch.zeros(2, dtype=torch.int64),
+        # Each request is somewhere in its layer rotation.
+        layer_cursor=torch.randint(0, 1 << 20, (max_reqs,), dtype=torch.int64, generator=gen),
     )
     scenario = Scenario(state, plan, torch.tensor(new_tokens, dtype=torch.int64), requests)
     return to_device(scenario, device)
@@ -208,6 +216,9 @@ def to_device(scenario: Scenario, device: str) -> Scenario:
     move(scenario.plan)
     for grp in scenario.state.groups:
         move(grp)
+        if grp.kv_layers:
+            grp.kv_layers = [kv.to(device) for kv in grp.kv_layers]
+            grp.kv_words = grp.kv_layers[0]
     scenario.input_ids = scenario.input_ids.to(device)
     return scenario
 
