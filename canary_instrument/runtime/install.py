@@ -25,6 +25,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     from canary_instrument.runtime.expected_tokens import SampledTokens, find_target, register_target, wrap_sample
     from canary_instrument.runtime.manager import CanaryManager
     from canary_instrument.runtime.ops import get_ops
+    from canary_instrument.runtime.layers import cursor_table
     from canary_instrument.runtime.pools import attach_pool
     from canary_instrument.runtime.state import CanaryState
 
@@ -71,6 +72,8 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         swa_mapping=attached.swa_mapping,
         swa_window=attached.swa_window,
     )
+    if settings.real_kv == "partial":
+        cursor_table(state)  # the rotation's per-request layer cursor, allocated before any graph capture
     manager = CanaryManager(
         settings=settings,
         state=state,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from canary_instrument.runtime.layers import attach_layers
 from canary_instrument.runtime.state import GROUP_FULL, GROUP_SWA, HALF_K, HALF_V, CanaryGroup
 
 _BYTES_FOR_PARTIAL = 16
@@ -235,18 +236,19 @@ def _groups(halves: _Halves, group: int, real_kv: str) -> list[CanaryGroup]:
     for attr, half in halves.attrs:
         _, layer0 = _first_layer(halves.pool, attr)
         rows = torch.zeros((halves.slots, 4), dtype=torch.int64, device=layer0.device)
-        words = _kv_words(halves, attr, layer0, real_kv)
-        out.append(CanaryGroup(group=group, half=half, rows=rows, kv_words=words))
+        found = CanaryGroup(group=group, half=half, rows=rows)
+        if real_kv != "none":
+            # Every layer this rank holds (a layer-sharded pool keeps empty placeholders for the others).
+            owned = [(i, layer) for i, layer in enumerate(_layers(halves.pool, attr)) if layer.shape[0] > 0]
+            attach_layers(found, [_kv_words(halves, attr, i, layer, real_kv) for i, layer in owned])
+        out.append(found)
     return out
 
 
-def _kv_words(halves: _Halves, attr: str, layer0: Any, real_kv: str) -> Optional[Any]:
-    """The first layer's rows as int64 words: a view, so the kernels read the live real KV (quantised bytes included)."""
+def _kv_words(halves: _Halves, attr: str, index: int, layer0: Any, real_kv: str) -> Any:
+    """One layer's rows as int64 words: a view, so the kernels read the live real KV (quantised bytes included)."""
     import torch
 
-    if real_kv == "none":
-        return None
-    index, _ = _first_layer(halves.pool, attr)
     where = f"{type(halves.pool).__qualname__}.{attr}[{index}]"
     if halves.slots_per_row > 1:
         raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from canary_instrument.runtime.layers import layer_count, layer_words, store_fingerprint
 from canary_instrument.runtime.state import GROUP_SWA
 
 from .scenario import Scenario
@@ -52,10 +53,32 @@ def wrong_position(sc, rng):
     return Target(0, p, req.pool_index)
 
 
+def _checked_layer(sc, req) -> int:
+    """The layer this request's next pre-forward pass fingerprints (realkv=partial's rotation)."""
+    return int(sc.state.layer_cursor[req.pool_index]) % layer_count(sc.state.groups[0])
+
+
 def flipped_kv_byte(sc, rng):
     req, p, slot = _pick(sc, rng)
     grp = sc.state.groups[0]
-    grp.kv_words[slot, rng.randrange(2)] ^= 1 << (8 * rng.randrange(8))
+    layer_words(grp, _checked_layer(sc, req))[slot, rng.randrange(2)] ^= 1 << (8 * rng.randrange(8))
+    return Target(0, p, req.pool_index)
+
+
+def zeroed_fingerprint(sc, rng):
+    """A zeroing bug clears the stored fingerprint of the layer this pass checks, then the KV under it changes."""
+    req, p, slot = _pick(sc, rng)
+    grp = sc.state.groups[0]
+    layer = _checked_layer(sc, req)
+    store_fingerprint(grp, slot, layer, 0)
+    layer_words(grp, layer)[slot, 0] ^= 1 << rng.randrange(64)
+    return Target(0, p, req.pool_index)
+
+
+def token_high_bit(sc, rng):
+    """A bit of the token word that the chain does not key (32-63) flips."""
+    req, p, slot = _pick(sc, rng)
+    sc.state.groups[0].rows[slot, 0] ^= 1 << rng.randrange(32, 64)
     return Target(0, p, req.pool_index)
 
 
@@ -95,7 +118,7 @@ def broken_link(sc, rng):
 
 
 FAULTS = {f.__name__: f for f in (remapped_req_to_token, wrong_position, flipped_kv_byte, wrong_token,
-                                  bad_swa_mapping, padding_slot, broken_link)}
+                                  bad_swa_mapping, padding_slot, broken_link, zeroed_fingerprint, token_high_bit)}
 
 
 def inject(sc: Scenario, fault: str, seed: int = 0):

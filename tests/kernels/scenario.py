@@ -161,7 +161,7 @@ def make_scenario(
                     fps = [hashing.fingerprint_int([w & hashing.U64 for w in kv[s, :n_words].tolist()])
                            for kv in grp.kv_layers]
                 grp.rows[s] = torch.tensor([row_tokens[p], p, hashing.as_signed(links[p]), hashing.as_signed(fps[0])])
-                if layers > 1:
+                if grp.kv_layers and layers > 1:
                     grp.layer_fingerprints[s] = torch.tensor([hashing.as_signed(f) for f in fps[1:]])
 
     def padded(values, dtype, junk):

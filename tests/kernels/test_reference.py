@@ -13,8 +13,10 @@ from canary_instrument.runtime.state import (
     LINK,
     PADDING_SLOT,
     POSITION,
+    ROW_BITS,
     SWA_UNMAPPED,
     TOKEN,
+    UNWRITTEN,
 )
 
 from .faults import FAULTS, inject
@@ -100,6 +102,8 @@ EXPECTED_BITS = {
     "bad_swa_mapping": SWA_UNMAPPED,
     "padding_slot": PADDING_SLOT,
     "broken_link": LINK,
+    "zeroed_fingerprint": UNWRITTEN,
+    "token_high_bit": ROW_BITS,
 }
 
 
@@ -107,7 +111,7 @@ EXPECTED_BITS = {
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_each_fault_is_reported_with_its_reason_bit(layout, fault):
     sc = make_scenario(layout, "partial", seed=21, num_reqs=3, prefix_lens=[24, 17, 30], extend_lens=[3, 1, 0],
-                       unfingerprinted=0.0)
+                       layers=3)
     target = inject(sc, fault)
     if target is None:
         pytest.skip(f"{fault} does not apply to the {layout} layout")

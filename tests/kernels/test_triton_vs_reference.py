@@ -14,10 +14,14 @@ from canary_instrument.runtime.state import (
     LINK,
     PADDING_SLOT,
     POSITION,
+    ROW_BITS,
     SWA_UNMAPPED,
     TOKEN,
+    UNWRITTEN,
 )
 from canary_instrument.runtime.triton_ops import TritonCanaryOps
+
+from canary_instrument.runtime.layers import layer_words
 
 from .faults import FAULTS, inject
 from .scenario import make_scenario, to_device, violations
@@ -66,7 +70,7 @@ def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, 
     # 0's prefix slots, one request has an empty prefix, one writes 3 chunks; SWA evicts beyond W=6.
     sc = make_scenario(layout, realkv, v_half, seed=7, num_reqs=3, max_bs=5, prefix_lens=[13, 9, 0],
                        extend_lens=[2, 1, 19], token_offset=token_offset, swa_window=6, max_context=48,
-                       full_slots=160, swa_slots=96, device=device)
+                       full_slots=160, swa_slots=96, layers=3, device=device)
     run_both(sc, _ops())
     assert violations(sc.state) == []
     # Step 2: all rows written above are prefix now and must verify clean, fingerprints included.
@@ -74,6 +78,38 @@ def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, 
     sc.plan.extend_lens[:3] = 0
     run_both(sc, _ops(), passes=("pre",))
     assert violations(sc.state) == []
+
+
+LAYERS = 4
+
+
+@pytest.mark.parametrize("layout,v_half", LAYOUT_HALVES)
+@pytest.mark.parametrize("realkv", ["partial", "all"])
+def test_a_flip_in_any_layer_is_caught_within_the_rotation(device, layout, v_half, realkv):
+    # A bit of layer `layer` flips in a prefix slot every request reads; decode passes follow (pre, post, one new
+    # token each). realkv=all reports it at the next pass; partial when the request's layer cursor reaches the
+    # layer: after (layer - cursor) % LAYERS passes, so within LAYERS passes. Both backends agree at every pass.
+    sc = make_scenario(layout, realkv, v_half, seed=29, num_reqs=2, max_bs=2, prefix_lens=[12, 9],
+                       extend_lens=[LAYERS, LAYERS], swa_window=6, max_context=32, full_slots=96, swa_slots=64,
+                       layers=LAYERS, expected_tokens=False, device=device)
+    sc.plan.extend_lens[:2] = 1  # slots exist for LAYERS decode passes
+    req = sc.requests[0]
+    layer = 1 + int(req.pool_index) % (LAYERS - 1)
+    position = req.prefix - 2  # inside the SWA window too
+    full_slot = req.full_slots[position]
+    group = sc.state.groups[-1]  # the SWA group's last half where there is one
+    slot = full_slot if group.group == 0 else int(sc.state.swa_mapping[full_slot])
+    layer_words(group, layer)[slot, 1] ^= 1 << 21
+    due = 0 if realkv == "all" else (layer - int(sc.state.layer_cursor[req.pool_index])) % LAYERS
+    caught_at = None
+    for step in range(LAYERS):
+        run_both(sc, _ops())
+        hits = [r for r in violations(sc.state) if r[6] & FINGERPRINT and r[2] == slot and r[3] == position]
+        if hits and caught_at is None:
+            caught_at = step
+        sc.plan.prefix_lens[:2] += 1
+    assert caught_at == due
+    assert all(r[6] == FINGERPRINT for r in violations(sc.state))
 
 
 @pytest.mark.parametrize("layout", ["mha", "swa"])
@@ -177,6 +213,8 @@ EXPECTED_BITS = {
     "bad_swa_mapping": SWA_UNMAPPED,
     "padding_slot": PADDING_SLOT,
     "broken_link": LINK,
+    "zeroed_fingerprint": UNWRITTEN,
+    "token_high_bit": ROW_BITS,
 }
 
 
@@ -184,8 +222,7 @@ EXPECTED_BITS = {
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_faults_reported_identically_with_the_right_reason(device, layout, fault):
     sc = make_scenario(layout, "partial", seed=21, num_reqs=3, max_bs=4, prefix_lens=[14, 9, 11],
-                       extend_lens=[3, 1, 0], unfingerprinted=0.0, swa_window=6, max_context=40,
-                       full_slots=128, swa_slots=64)
+                       extend_lens=[3, 1, 0], swa_window=6, max_context=40, full_slots=128, swa_slots=64, layers=3)
     target = inject(sc, fault)
     if target is None:
         pytest.skip(f"{fault} needs a layout with an SWA group; {layout} has none")
