@@ -20,6 +20,7 @@ import torch
 
 # Reason names as the runtime reports them (canary_instrument.runtime.state.REASON_NAMES).
 POSITION, LINK, FINGERPRINT, TOKEN, SWA_UNMAPPED = "position", "link", "fingerprint", "token", "swa_unmapped"
+UNWRITTEN, ROW_BITS = "unwritten", "row_bits"
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,10 @@ FAULTS: dict[str, Fault] = {
         _perturbation("kv_flip_after_write", "KV bit flipped after write", "real_kv_post_forward", {FINGERPRINT}),
         _perturbation("idle_cache_flip", "cached KV bit flipped while idle", "real_kv_unused_cache", {FINGERPRINT}),
         _perturbation("token_swap", "two requests' tokens swapped", "next_token_swap", {TOKEN}),
+        _perturbation("layer_flip", "real-KV bit flipped in any layer, kept", "real_kv_layer", {FINGERPRINT}),
+        _perturbation("fingerprint_zeroed", "fingerprint word zeroed, then KV flipped", "fingerprint_zeroed",
+                      {UNWRITTEN}),
+        _perturbation("row_high_bit", "unused high bit of a row's token flipped", "row_high_bit", {ROW_BITS}),
         Fault("eagle_offset", "EAGLE draft position off by one", "draft_extend_batch", eagle_offset, needs_eagle=True),
         Fault("swa_mapping", "SWA mapping entry corrupted", "step_end", swa_mapping, needs_swa=True),
     )

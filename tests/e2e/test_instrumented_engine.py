@@ -63,28 +63,30 @@ def test_pristine_engine_has_no_canary(engine_module):
 
 @pytest.mark.parametrize("layout", matrix.LAYOUTS)
 def test_real_kv_all_fingerprints_the_whole_row(engine_module, layout):
-    """With kv_canary_real_kv=all a flipped bit anywhere in layer 0's row is caught, not only in the first 16 bytes."""
+    """With kv_canary_real_kv=all a flipped bit anywhere in any layer's row is caught, not only in the first 16 bytes."""
     bench = matrix.EngineBench(engine_module, matrix.Variant(layout, False), kv_canary_real_kv="all")
     for seed in (1, 2, 3):
         result = bench.run_trial(faults.FAULTS["realkv_flip"], seed=seed)
         assert result.caught, result.injection
 
 
-def _flip_layer1(engine, rng, **_):
-    """A bit flips in layer 1's KV, which no fingerprint covers (only layer 0's row is fingerprinted)."""
+def _flip_beyond_the_fingerprint(engine, rng, **_):
+    """A bit flips in layer 1's K past the first 16 bytes, which realkv=partial does not fingerprint."""
     reqs = [r for r in engine.scheduler.running if r.cached_len > 0]
     if not reqs:
         return None
     req = rng.choice(reqs)
     slot = int(engine.scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, 0])
-    engine.model_runner.token_to_kv_pool.k_buffer[1][slot].reshape(-1).view(torch.uint8)[0] ^= 1
-    return f"layer 1 K of slot {slot}: bit 0 of byte 0 flipped", {faults.FINGERPRINT}
+    row = engine.model_runner.token_to_kv_pool.k_buffer[1][slot].reshape(-1).view(torch.uint8)
+    row[row.shape[0] - 1] ^= 1
+    return f"layer 1 K of slot {slot}: bit 0 of its last byte flipped", {faults.FINGERPRINT}
 
 
 def test_a_fault_the_canary_cannot_see_is_reported_missed(engine_module):
-    """The judge can fail: a flipped KV bit outside the fingerprinted layer goes unnoticed, and the trial says so."""
-    bench = matrix.EngineBench(engine_module, matrix.Variant("mha", False), kv_canary_real_kv="all")
-    invisible = faults.Fault("layer1_flip", "layer-1 KV bit flipped", "step_end", _flip_layer1)
+    """The judge can fail: a flipped KV bit outside the fingerprinted bytes goes unnoticed, and the trial says so."""
+    bench = matrix.EngineBench(engine_module, matrix.Variant("mha", False), kv_canary_real_kv="partial")
+    invisible = faults.Fault("beyond_fingerprint", "KV bit flipped past the fingerprinted bytes", "step_end",
+                             _flip_beyond_the_fingerprint)
     result = bench.run_trial(invisible, seed=1, max_wait=6)
     assert result.injection is not None
     assert not result.caught and result.detected_step is None

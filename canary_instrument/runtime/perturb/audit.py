@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from canary_instrument.runtime.perturb.score import Score
 
-_REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache")
+_REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache", "real_kv_layer")
 _GROUPS = {"full": 0, "swa": 1}
 _HALVES = {"k": 0, "v": 1}
 
@@ -50,6 +50,7 @@ def held_slots(cache: Any) -> set:
 def audit(result: Score, state: Any, cache: Any = None, running_slots: Iterable[int] = ()) -> dict[str, list]:
     """``{"overwritten": [...], "unreachable": [...], "undetected": [...]}`` of ``result``'s missed injections."""
     from canary_instrument.runtime import hashing
+    from canary_instrument.runtime.layers import layer_words, stored_fingerprint
     from canary_instrument.runtime.perturb.base import fingerprinted_bytes
 
     out: dict[str, list] = {"overwritten": [], "unreachable": [], "undetected": []}
@@ -62,8 +63,9 @@ def audit(result: Score, state: Any, cache: Any = None, running_slots: Iterable[
                 continue
             group = next(g for g in state.groups
                          if (g.group, g.half) == (_GROUPS[injection.group], _HALVES[injection.half]))
-            stored = int(group.rows[injection.slot, 3])
-            now = int(hashing.fingerprint(group.kv_words[injection.slot : injection.slot + 1, :words])[0])
+            layer = injection.get("layer", 0)
+            stored = int(stored_fingerprint(group, injection.slot, layer))
+            now = int(hashing.fingerprint(layer_words(group, layer)[injection.slot : injection.slot + 1, :words])[0])
             if stored in (0, now):
                 out["overwritten"].append(injection)
                 continue

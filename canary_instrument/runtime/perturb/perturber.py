@@ -24,14 +24,15 @@ from canary_instrument.runtime.perturb.base import KindContext, Planned
 from canary_instrument.runtime.perturb.facts import FactReadback
 from canary_instrument.runtime.perturb.injection import Injection
 from canary_instrument.runtime.perturb.next_token_swap import NextTokenSwap
-from canary_instrument.runtime.perturb.real_kv import RealKvPostForward, RealKvUnusedCache, RealKvUsed
+from canary_instrument.runtime.perturb.canary_rows import FingerprintZeroed, RowHighBit
+from canary_instrument.runtime.perturb.real_kv import RealKvLayer, RealKvPostForward, RealKvUnusedCache, RealKvUsed
 from canary_instrument.runtime.perturb.req_to_token import ReqToTokenRemap
 from canary_instrument.runtime.perturb.settings import KINDS, PerturbSettings
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 KIND_CLASSES = {cls.name: cls for cls in (ReqToTokenRemap, RealKvUsed, RealKvUnusedCache, RealKvPostForward,
-                                          NextTokenSwap)}
+                                          NextTokenSwap, RealKvLayer, FingerprintZeroed, RowHighBit)}
 HOOKS = ("before_forward", "after_forward", "step_end")
 _CORE_FACTS = ("slot", "req", "applied")
 _MAX_KEPT = 100_000  # injections kept for drain(); the log has them all
@@ -51,7 +52,7 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
     if state.token_offset != 0:
         raise ValueError("kv canary perturbations run on the target model runner's manager (token offset 0), "
                          "not on an EAGLE draft worker's")
-    real_kv = [k for k in kinds if k.startswith("real_kv")]
+    real_kv = [k for k in kinds if k.startswith("real_kv") or k == "fingerprint_zeroed"]
     if real_kv and state.realkv == "none":
         raise ValueError(f"kv canary perturbation {real_kv[0]} needs kv_canary_real_kv=partial or all: with none "
                          "no fingerprint is kept, so a flipped KV bit cannot be reported")
@@ -61,7 +62,7 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
                          "cannot be reported")
     if settings.target_group == "swa" and real_kv and state.layout != "swa":
         raise ValueError(f"kv canary perturbation target group 'swa' needs an SWA pool; this pool is {state.layout}")
-    if "req_to_token" in kinds or "real_kv_used" in kinds:
+    if {"req_to_token", "real_kv_used", "real_kv_layer", "fingerprint_zeroed", "row_high_bit"} & set(kinds):
         if not state.req_to_token.is_contiguous():
             raise ValueError("kv canary perturbations need a contiguous req_to_token table")
 

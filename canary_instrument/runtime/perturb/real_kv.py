@@ -1,8 +1,11 @@
-"""The real-KV kinds: one bit of layer 0's KV flipped inside the bytes the fingerprint covers.
+"""The real-KV kinds: one bit of one layer's KV flipped inside the bytes the fingerprint covers.
 
-- ``real_kv_used``: a slot a request of this batch reads (a stray write into live KV). Flipped
-  before the forward, so its pre-forward pass reports ``fingerprint``; restored after the
-  forward, so the damage stays with the forward that read it.
+- ``real_kv_used``: a slot a request of this batch reads (a stray write into live KV), in the layer
+  that request's pre-forward pass fingerprints this forward (realkv=partial: its rotation's layer,
+  a device value; all: any layer). Flipped before the forward, so its pre-forward pass reports
+  ``fingerprint``; restored after the forward, so the damage stays with the forward that read it.
+- ``real_kv_layer``: the same slot choice, in any layer, not restored: the request's pre-forward
+  passes report it once the rotation reaches that layer (within ``layers`` of its forwards).
 - ``real_kv_post_forward``: a slot this forward just wrote, after its post-forward pass stored
   the fingerprint (a corrupted transfer or a late overwrite); in a target verify, a request's first
   position (the draft guesses after it may be rejected); in the SWA group, one of a request's last
@@ -11,8 +14,8 @@
 - ``real_kv_unused_cache``: a slot the prefix cache holds while no request locks it. Only the
   idle-cache sweep, or a request reusing the prefix, can find it.
 
-The last two are not restored: by the time it would be safe, the slot may belong to someone else.
-Layers other than 0 are not fingerprinted, so a flip there is out of the canary's reach by design.
+The last three are not restored: by the time it would be safe, the slot may belong to someone else;
+they flip a layer drawn uniformly from the group's layers.
 In a target verify whose prefixes only the device holds, ``real_kv_used`` draws the request and
 the position on the device, and ``real_kv_post_forward``'s position (the request's prefix) is a
 device value; both log the position from the device facts.
@@ -34,6 +37,7 @@ from canary_instrument.runtime.perturb.base import (
     host_to_device,
     pick_group,
 )
+from canary_instrument.runtime.layers import cursor_table, layer_count, layer_words
 from canary_instrument.runtime.perturb.batch import batch_facts
 from canary_instrument.runtime.radix_walk import sample_idle_slot
 
@@ -50,21 +54,78 @@ def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:
 
 
 def _flip(ctx: KindContext, name: str, step: int, group: Any, full_slot: Any, position: Any,
-          device: dict, restore: bool, valid: Any = None) -> Planned:
+          device: dict, restore: bool, valid: Any = None, layer: Any = None) -> Planned:
     """``position``: a host int, or a one-element device tensor (logged as the device fact ``position``);
-    ``valid``: a device bool the target's own draw adds (an empty range flips nothing)."""
+    ``valid``: a device bool the target's own draw adds (an empty range flips nothing); ``layer``: a host int, a
+    one-element device tensor (logged as the device fact ``layer``), or None for one drawn here."""
     slot, resolved = _resolve(ctx.state, group, full_slot)
     valid = resolved if valid is None else resolved & valid
     byte = ctx.rng.randrange(fingerprinted_bytes(ctx.state))
     bit = ctx.rng.randrange(8)
-    undo = flip_bit(group.kv_words, slot, valid, byte, bit)
+    if layer is None:
+        layer = ctx.rng.randrange(layer_count(group))
+    extra = (("byte", byte), ("bit", bit))
+    if hasattr(layer, "shape"):
+        # Only the device knows the layer: flip in each layer where it is the one (the rest are no-ops).
+        undos = [flip_bit(layer_words(group, i), slot, valid & (layer == i), byte, bit) for i in range(layer_count(group))]
+        device = {**device, "layer": layer}
+
+        def undo() -> None:
+            for one in undos:
+                one()
+    else:
+        undo = flip_bit(layer_words(group, layer), slot, valid, byte, bit)
+        extra = (("layer", layer),) + extra
     if hasattr(position, "shape"):
         device, position = {**device, "position": position}, -1
     return Planned(
         name, step, position=position, group=GROUP_NAMES[group.group], half=HALF_NAMES[group.half],
-        extra=(("byte", byte), ("bit", bit)), device={**device, "slot": slot, "applied": valid},
+        extra=extra, device={**device, "slot": slot, "applied": valid},
         undo=undo if restore else None,
     )
+
+
+def checked_layer(ctx: KindContext, group: Any, req: Any) -> Any:
+    """The layer the pre-forward pass of req-pool row ``req`` (a device tensor) fingerprints this forward: the
+    rotation's (a device value) with realkv=partial, any (drawn here) with all."""
+    if ctx.state.realkv == "partial":
+        return cursor_table(ctx.state).index_select(0, req.reshape(-1)) % layer_count(group)
+    return None
+
+
+def used_target(ctx: KindContext, forward_batch: Any) -> Optional[tuple]:
+    """(group, full slot, position, device facts, valid) of a slot a request of this batch reads, or None.
+
+    ``valid`` is None where the host drew the request and position, a device bool where only the device
+    knows the prefixes (a target verify without host copies); the request is in the facts as ``req``."""
+    import torch
+
+    facts = batch_facts(forward_batch)
+    group = pick_group(ctx)
+    if group is None:
+        return None
+    if facts is not None and facts.prefix is None:
+        prefix = facts.device_prefix.to(torch.int64)
+        r, valid = device_row(ctx, prefix >= 1)
+        high = prefix.index_select(0, r)
+        # The SWA group verifies (and attention reads) only the request's last window of positions.
+        low = (high - ctx.state.swa_window).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
+        position, in_range = device_position(ctx, low, high)
+        req = forward_batch.req_pool_indices.index_select(0, r).to(torch.int64)
+        valid = valid & in_range
+    else:
+        rows = [r for r in range(facts.size) if facts.prefix[r] >= 1] if facts else []
+        if not rows:
+            return None
+        r = ctx.rng.choice(rows)
+        prefix = facts.prefix[r]
+        lo = max(0, prefix - ctx.state.swa_window) if group.group == 1 else 0
+        position = ctx.rng.randrange(lo, prefix)
+        req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
+        valid = None
+    table = ctx.state.req_to_token
+    full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
+    return group, full_slot, position, {"req": req}, valid
 
 
 class RealKvUsed:
@@ -72,42 +133,24 @@ class RealKvUsed:
     hook = "before_forward"
 
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        import torch
-
-        facts = batch_facts(forward_batch)
-        if facts is not None and facts.prefix is None:
-            group = pick_group(ctx)
-            return None if group is None else self._inject_device(ctx, step, forward_batch, facts, group)
-        rows = [r for r in range(facts.size) if facts.prefix[r] >= 1] if facts else []
-        group = pick_group(ctx)
-        if not rows or group is None:
+        found = used_target(ctx, forward_batch)
+        if found is None:
             return None
-        r = ctx.rng.choice(rows)
-        prefix = facts.prefix[r]
-        # The SWA group verifies (and attention reads) only the request's last window of positions.
-        lo = max(0, prefix - ctx.state.swa_window) if group.group == 1 else 0
-        position = ctx.rng.randrange(lo, prefix)
-        table = ctx.state.req_to_token
-        req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
-        full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
-        return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True)
+        group, full_slot, position, device, valid = found
+        layer = checked_layer(ctx, group, device["req"])
+        return _flip(ctx, self.name, step, group, full_slot, position, device, restore=True, valid=valid, layer=layer)
 
-    def _inject_device(self, ctx: KindContext, step: int, forward_batch: Any, facts: Any, group: Any) -> Planned:
-        """The same draw where only the device knows the prefixes (a target verify without host copies): the
-        request and position are device values; when no request has a prefix, nothing flips (``applied=0``)."""
-        import torch
 
-        prefix = facts.device_prefix.to(torch.int64)
-        r, valid = device_row(ctx, prefix >= 1)
-        high = prefix.index_select(0, r)
-        # The SWA group verifies (and attention reads) only the request's last window of positions.
-        low = (high - ctx.state.swa_window).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
-        position, in_range = device_position(ctx, low, high)
-        table = ctx.state.req_to_token
-        req = forward_batch.req_pool_indices.index_select(0, r).to(torch.int64)
-        full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
-        return _flip(ctx, self.name, step, group, full_slot, position, {"req": req}, restore=True,
-                     valid=valid & in_range)
+class RealKvLayer:
+    name = "real_kv_layer"
+    hook = "before_forward"
+
+    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
+        found = used_target(ctx, forward_batch)
+        if found is None:
+            return None
+        group, full_slot, position, device, valid = found
+        return _flip(ctx, self.name, step, group, full_slot, position, device, restore=False, valid=valid)
 
 
 def _last_windows(facts: Any, window: int) -> list[int]:

@@ -5,7 +5,9 @@ An injection is reported by a violation of the same or a later step that names w
 | kind | a matching violation |
 |---|---|
 | req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
-| real_kv_used, real_kv_post_forward, real_kv_unused_cache | the flipped slot, in the same group and half, reason ``fingerprint`` |
+| real_kv_used, real_kv_post_forward, real_kv_unused_cache, real_kv_layer | the flipped slot, in the same group and half, reason ``fingerprint`` |
+| fingerprint_zeroed | the slot, in the same group and half, reason ``unwritten`` |
+| row_high_bit | the slot, in the same group and half, reason ``row_bits`` |
 | next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
 
 Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
@@ -22,7 +24,9 @@ from canary_instrument.runtime.perturb.injection import Injection
 from canary_instrument.runtime.perturb.settings import KINDS
 from canary_instrument.runtime.violations import Violation
 
-_REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache")
+_REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache", "real_kv_layer")
+# Kinds reported at the corrupted slot, in its group and half, by one reason.
+_AT_SLOT = {**{kind: "fingerprint" for kind in _REAL_KV}, "fingerprint_zeroed": "unwritten", "row_high_bit": "row_bits"}
 
 
 def matches(injection: Injection, violation: Violation) -> bool:
@@ -36,9 +40,9 @@ def matches(injection: Injection, violation: Violation) -> bool:
         return violation.position == injection.position or (
             violation.position == injection.position + 1 and "link" in reasons
         )
-    if injection.kind in _REAL_KV:
+    if injection.kind in _AT_SLOT:
         return (
-            "fingerprint" in reasons
+            _AT_SLOT[injection.kind] in reasons
             and violation.slot == injection.slot
             and violation.group == injection.group
             and violation.half == injection.half

@@ -124,11 +124,12 @@ def test_remapped_req_to_token_entry_is_caught(sg, server_args, layout, dev):
     reqs[0].slots[4] = stray
     sched.step(sched.decode(reqs, next_tokens))
     found = _violations(runner.canary_manager)
-    # The stray slot's row is not position 4's; position 5's link no longer follows from its predecessor.
+    # The stray slot's row is not position 4's (a fresh slot: nothing wrote it); position 5's link no longer
+    # follows from its predecessor.
     by_position = {}
     for v in found:
         by_position.setdefault(v.position, set()).update(v.reasons)
-    assert by_position == {4: {"position", "link"}, 5: {"link"}}
+    assert by_position == {4: {"position", "link", "unwritten"}, 5: {"link"}}
     assert {v.req_pool_index for v in found} == {reqs[0].row}
 
 
