@@ -34,6 +34,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from canary_instrument.runtime import hashing, reference
+from canary_instrument.runtime.layers import attach_layers
 from canary_instrument.runtime.state import (
     GROUP_FULL,
     GROUP_SWA,
@@ -50,6 +51,10 @@ from canary_instrument.runtime.triton_ops import TritonCanaryOps
 
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B: 32 layers x 8 KV heads x 128 dim x 2 (K, V) x 2 bytes
 LAYER0_ROW_WORDS = 8 * 128 * 2 // 8  # one layer's K (or V) row: 8 heads x 128 dim x bf16 = 2 KiB
+# Layers a fingerprinted half carries (Llama-3-8B: 32) and how many distinct buffers back them: a million-slot
+# layer is 2 GiB per half, so layers beyond LAYER_BUFFERS reuse those buffers round-robin (set by main()).
+LAYERS = 32
+LAYER_BUFFERS = 4
 SCALING = [(8, 16384), (16, 16384), (32, 8192), (64, 4096), (128, 4096), (256, 2048), (512, 2048), (1024, 1024)]
 DEV = "cuda"
 
@@ -79,11 +84,12 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     for kind in kinds:
         for half in halves:
             rows = torch.zeros((slots, 4), dtype=torch.int64, device=DEV)
-            words = None
+            group = CanaryGroup(kind, half, rows)
             if realkv != "none":
-                words = torch.randint(-(2**62), 2**62, (slots, LAYER0_ROW_WORDS), dtype=torch.int64, device=DEV,
-                                      generator=g)
-            groups.append(CanaryGroup(kind, half, rows, words))
+                buffers = [torch.randint(-(2**62), 2**62, (slots, LAYER0_ROW_WORDS), dtype=torch.int64, device=DEV,
+                                         generator=g) for _ in range(min(LAYERS, LAYER_BUFFERS))]
+                attach_layers(group, [buffers[i % len(buffers)] for i in range(LAYERS)])
+            groups.append(group)
     tokens = torch.randint(0, 128_000, (reqs, ctx + 1), device=DEV, generator=g)
     max_bs = max_bs or reqs
     state = CanaryState(
@@ -484,9 +490,15 @@ def main():
     # the kernels must not cost more for a big pool than for the batch they check.
     parser.add_argument("--pool-rows", type=int, default=4097,
                         help="req-pool capacity (req_to_token rows) of the scaling table's pools")
+    parser.add_argument("--layers", type=int, default=LAYERS,
+                        help="layers per fingerprinted half (realkv partial/all read them through the layer table)")
+    parser.add_argument("--layer-buffers", type=int, default=LAYER_BUFFERS,
+                        help="distinct KV buffers behind the layers (the rest alias them round-robin)")
     args = parser.parse_args()
+    globals().update(LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "layers": args.layers, "layer_buffers": args.layer_buffers,
                "command": "PYTHONPATH=$PWD python " + " ".join(sys.argv)}
     start = time.time()
     copy_bw = copy_bandwidth()
