@@ -11,6 +11,7 @@ import torch
 from kernels.scenario import make_scenario, to_device, violations
 
 from canary_instrument.runtime import reference, sweep_reference
+from canary_instrument.runtime.layers import layer_words, store_fingerprint
 from canary_instrument.runtime.state import (
     FINGERPRINT,
     GROUP_SWA,
@@ -18,7 +19,9 @@ from canary_instrument.runtime.state import (
     LINK,
     PADDING_SLOT,
     POSITION,
+    ROW_BITS,
     SWA_UNMAPPED,
+    UNWRITTEN,
 )
 from canary_instrument.runtime.sweep import SweepBuffers
 from canary_instrument.runtime.sweep_triton import TritonSweepOps
@@ -26,13 +29,14 @@ from canary_instrument.runtime.sweep_triton import TritonSweepOps
 LAYOUT_HALVES = [("mha", True), ("mha", False), ("mla", False), ("swa", True), ("swa", False)]
 CASES = [(layout, v_half, realkv) for layout, v_half in LAYOUT_HALVES for realkv in ("none", "partial", "all")]
 FULL_SLOTS, SWA_SLOTS, WINDOW = 160, 96, 6
+LAYERS = 3  # every layer's fingerprint is swept: layer 0's in the row, the others' in the group's table
 
 
 def written_scenario(layout, v_half, realkv, seed=7, device="cpu"):
     """Three requests (one sharing another's prefix) whose every position holds written, fingerprinted rows."""
     sc = make_scenario(layout, realkv, v_half, seed=seed, num_reqs=3, max_bs=4, prefix_lens=[13, 9, 0],
                        extend_lens=[2, 3, 11], swa_window=WINDOW, max_context=48, full_slots=FULL_SLOTS,
-                       swa_slots=SWA_SLOTS, unfingerprinted=0.0)
+                       swa_slots=SWA_SLOTS, layers=LAYERS)
     reference.pre_forward(sc.state, sc.plan, sc.input_ids)
     reference.post_forward(sc.state, sc.plan)
     sc.state.ring_count.zero_()
@@ -90,6 +94,10 @@ def test_kernel_matches_reference(device, layout, v_half, realkv):
     rows += [(slot, 2, slot - 1) for slot in range(FULL_SLOTS - 4, FULL_SLOTS)]
     if realkv != "none":
         sc.state.groups[0].kv_words[sc.requests[1].full_slots[1], 0] ^= 1 << 13
+        last_full = [g for g in sc.state.groups if g.group == 0][-1]
+        layer_words(last_full, 2)[sc.requests[2].full_slots[9], 1] ^= 1 << 40
+        store_fingerprint(sc.state.groups[0], sc.requests[2].full_slots[3], 1, 0)
+    sc.state.groups[0].rows[sc.requests[0].full_slots[2], 0] ^= 1 << 45
     ref, ref_buf = run_reference(sc, rows, capacity=len(rows) + 5)
     buf = buffers(rows, capacity=len(rows) + 5, device=device)
     TritonSweepOps(block=8, programs=3).sweep(sc.state, buf)
@@ -144,6 +152,17 @@ def test_flipped_real_kv_byte_of_a_cached_slot_is_a_fingerprint_violation():
     v_words.view(torch.uint8)[slot, 9] ^= 0x10  # byte 9 of layer 0's V row: inside the 16 fingerprinted bytes
     ref, _ = run_reference(sc, request_rows(sc))
     assert [(r[1], r[2], r[3], r[6]) for r in violations(ref.state)] == [(1, slot, 4, FINGERPRINT)]
+
+
+def test_every_layer_and_every_bit_of_a_cached_row_is_checked():
+    sc = written_scenario("mha", True, "partial")
+    flipped, zeroed, high = sc.requests[2].full_slots[4], sc.requests[2].full_slots[6], sc.requests[0].full_slots[3]
+    layer_words(sc.state.groups[1], 2).view(torch.uint8)[flipped, 3] ^= 0x01  # layer 2's V row
+    store_fingerprint(sc.state.groups[0], zeroed, 1, 0)  # layer 1's K fingerprint lost
+    sc.state.groups[0].rows[high, 0] ^= 1 << 63  # the token word's top bit
+    ref, _ = run_reference(sc, request_rows(sc))
+    assert sorted((r[1], r[2], r[6]) for r in violations(ref.state)) == sorted(
+        [(1, flipped, FINGERPRINT), (0, zeroed, UNWRITTEN), (0, high, ROW_BITS)])
 
 
 def test_swa_group_skips_unmapped_slots_and_reports_bad_mappings():
