@@ -60,7 +60,7 @@ SUPPORTED = {
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
-def test_supported_pool_gets_a_canary_row_per_slot_and_a_live_view_of_layer_0(sg, name):
+def test_supported_pool_gets_a_canary_row_per_slot_and_a_live_view_of_every_layer(sg, name):
     build, layout, attr = SUPPORTED[name]
     pool = build(sg)
     attached = attach_pool(pool, real_kv="partial", window=None)
@@ -73,7 +73,17 @@ def test_supported_pool_gets_a_canary_row_per_slot_and_a_live_view_of_layer_0(sg
     assert words.data_ptr() == layer0.data_ptr() and words.shape[0] == slots
     layer0.view(torch.uint8).view(slots, -1)[5, 0] ^= 0xFF  # the view reads the real bytes as they change
     assert int(words[5, 0]) != 0
+    layers = getattr(guarded, attr)
+    for group in attached.groups:
+        buffers = getattr(guarded, group_attr(layout, group))
+        assert [w.data_ptr() for w in group.kv_layers] == [b.data_ptr() for b in buffers]
+        assert group.kv_layer_ptrs.tolist() == [w.data_ptr() for w in group.kv_layers]
+        assert group.layer_fingerprints.shape == (slots, max(1, len(layers) - 1))
     assert name in attached.description
+
+
+def group_attr(layout, group):
+    return "kv_buffer" if layout == "mla" else ("k_buffer", "v_buffer")[group.half]
 
 
 def test_swa_pool_with_its_allocator_mapping(sg):
