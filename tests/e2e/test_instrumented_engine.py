@@ -63,7 +63,7 @@ def test_pristine_engine_has_no_canary(engine_module):
 
 @pytest.mark.parametrize("layout", matrix.LAYOUTS)
 def test_real_kv_all_fingerprints_the_whole_row(engine_module, layout):
-    """With kv_canary_real_kv=all a flipped bit anywhere in any layer's row is caught, not only in the first 16 bytes."""
+    """With kv_canary_real_kv=all a flipped bit anywhere in a layer's row is caught, not only in its first 16 bytes."""
     bench = matrix.EngineBench(engine_module, matrix.Variant(layout, False), kv_canary_real_kv="all")
     for seed in (1, 2, 3):
         result = bench.run_trial(faults.FAULTS["realkv_flip"], seed=seed)

@@ -103,7 +103,11 @@ def test_flush_in_raise_mode_raises(dev):
 def test_flipped_real_kv_byte_is_a_fingerprint_violation(dev):
     runner, sched, reqs = _serving(dev, kv_canary_real_kv="partial")
     batch = sched.decode(reqs, [5, 6])
-    runner.token_to_kv_pool.k_buffer[0][reqs[1].slots[1]].view(-1)[0] += 1.0  # inside the 16 fingerprinted bytes
+    # The layer this decode's pre-forward pass fingerprints for request 1 (realkv=partial's rotation), inside the
+    # 16 fingerprinted bytes.
+    layers = runner.token_to_kv_pool.k_buffer
+    layer = int(runner.canary_manager.state.layer_cursor[reqs[1].row]) % len(layers)
+    layers[layer][reqs[1].slots[1]].view(-1)[0] += 1.0
     runner.forward(batch)
     found = runner.canary_manager.flush()
     assert {(v.slot, v.position) for v in found} == {(reqs[1].slots[1], 1)}

@@ -67,7 +67,8 @@ def _flip(ctx: KindContext, name: str, step: int, group: Any, full_slot: Any, po
     extra = (("byte", byte), ("bit", bit))
     if hasattr(layer, "shape"):
         # Only the device knows the layer: flip in each layer where it is the one (the rest are no-ops).
-        undos = [flip_bit(layer_words(group, i), slot, valid & (layer == i), byte, bit) for i in range(layer_count(group))]
+        undos = [flip_bit(layer_words(group, i), slot, valid & (layer == i), byte, bit)
+                 for i in range(layer_count(group))]
         device = {**device, "layer": layer}
 
         def undo() -> None:
