@@ -13,7 +13,9 @@ Bytes-per-slot model for verify (one verified position, per pass): req_to_token 
 per position (the target's verify reads no per-position expected token: the sampled-token check
 reads one 4 B entry per request), plus per (group, half) the 32 B canary row and,
 with realkv=partial, the 32 B DRAM sector holding the 16 B of layer 0's KV row the fingerprint
-covers (rows are 2 KiB apart, so no two positions share a sector). The predecessor row
+covers (rows are 2 KiB apart, so no two positions share a sector), and on layers - 1 of layers
+passes the 32 B sector of the layer's fingerprint-table entry (8 B; not counted). The layers are
+--layers buffers (Llama-3-8B: 32), backed by --layer-buffers distinct ones. The predecessor row
 and predecessor req_to_token entry are the neighbouring lane's and are not counted (cache hits
 for contiguous pages; for scattered slots they are real extra traffic, which is the point of
 reporting scattered beside contiguous).
