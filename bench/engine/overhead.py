@@ -121,7 +121,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--real-kv", choices=("none", "partial", "all"), default=SHAPE["kv_canary_real_kv"],
+                        help="kv_canary_real_kv (all: every layer's whole rows, a debug mode)")
     args = parser.parse_args()
+    SHAPE["kv_canary_real_kv"] = args.real_kv
     if not torch.cuda.is_available():
         print("overhead.py measures the CUDA-graph decode path: it needs a CUDA device", file=sys.stderr)
         return 2

@@ -272,7 +272,7 @@ class Case:
     """One engine (canary on or off) with ``bs`` requests decoding; ``subs`` draft sub-forwards (EAGLE) or 1."""
 
     def __init__(self, module, bs: int, subs: int, canary: bool, steps: int, device: str, graphs: bool = True,
-                 sweep_interval: int = 0):
+                 sweep_interval: int = 0, real_kv: str = "partial"):
         # Free the engines of earlier cases first: this harness's patches on them (replay counters, timers)
         # make reference cycles, and a collection that frees their CUDA graphs while this engine captures
         # invalidates the capture (it did in probe_sites.py). Dead engines also leave the heap larger.
@@ -284,7 +284,7 @@ class Case:
         args = dict(matrix.ENGINE_DEFAULTS, attention_layout="mha", device=device, max_running_requests=bs,
                     cuda_graph_max_bs=bs, max_context_len=context, max_total_tokens=bs * context + 64,
                     chunked_prefill_size=bs * PROMPT, disable_radix_cache=True,
-                    kv_canary="log" if canary else "none", kv_canary_real_kv="partial",
+                    kv_canary="log" if canary else "none", kv_canary_real_kv=real_kv,
                     kv_canary_sweep_interval=sweep_interval, disable_cuda_graph=not graphs)
         if eagle:
             args.update(speculative_algorithm="EAGLE", speculative_num_steps=subs + 1)
@@ -374,11 +374,12 @@ def count_ops(case: Case, steps: int) -> dict:
     }
 
 
-def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0):
+def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0,
+             real_kv="partial"):
     us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
     row = dict(bs=bs, sub_forwards=subs, steps=steps)
     for canary in (False, True):
-        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval)
+        case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval, real_kv)
         for _ in range(warmup):
             case.step()
         sites, sample, bracket, eager, call = [], [], [], 0, []
@@ -452,6 +453,8 @@ def main(argv=None):
     parser.add_argument("--sweep-interval", type=int, default=0,
                         help="kv_canary_sweep_interval for the runs (default 0: off, the runtime's default; the "
                              "demo sweeps every 2 steps)")
+    parser.add_argument("--real-kv", choices=("none", "partial", "all"), default="partial",
+                        help="kv_canary_real_kv for the canary-on runs (all: every layer's whole rows, a debug mode)")
     parser.add_argument("--no-token-check", action="store_true",
                         help="kv_canary_token_check=0: no sampler wrap (and no sampled-token check)")
     parser.add_argument("--no-absorb", action="store_true",
@@ -472,7 +475,8 @@ def main(argv=None):
     for subs in args.subs:
         for bs in args.bs:
             row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
-                           graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval)
+                           graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval,
+                           real_kv=args.real_kv)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
@@ -481,7 +485,7 @@ def main(argv=None):
         cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
         cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
         readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "16")), absorbed=CLOCK.absorb is not None,
-        sweep_interval=args.sweep_interval, token_check=not args.no_token_check,
+        sweep_interval=args.sweep_interval, token_check=not args.no_token_check, real_kv=args.real_kv,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
     table = markdown(rows)
