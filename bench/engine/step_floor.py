@@ -11,9 +11,11 @@ One run, one table per device (files named after it):
     graph of `--reps` brackets, over a static forward batch whose tensors the plans are read from),
     host time of the runtime's outside-graph contexts (phase checks, readback) and of its record
     of the sampler's output, measured over real decode steps, and their sum. Canary off
-    costs 0 by construction. The KV pool is Llama-shaped but holds one layer: with realkv=partial
-    the canary reads the first 16 bytes of layer 0's rows only, so the other 31 layers would change
-    nothing but the memory needed.
+    costs 0 by construction. The KV pool is Llama-shaped with 32 layers per half, as the canary
+    attaches them (its pointer table, the fingerprint table of layers 1..31, the rotation), but only
+    two distinct buffers back them (layer 0, and layers 1..31 sharing one): realkv=partial reads 16
+    bytes of one layer per verified row, so distinct buffers would change the memory needed, and the
+    post-forward pass's reads of the aliased layers may hit L2 (a few rows per decode step).
 
 (b) The reference engine (golden/engine, instrumented with the real CLI), sized like overhead.py
     (8 layers, hidden 2048, 16 query / 8 KV heads x 128, bf16, Triton attention, CUDA-graph decode),
@@ -136,8 +138,8 @@ class _NoOpModel(torch.nn.Module):
 POOL_ROWS = 4097
 
 
-class Layer0Runner:
-    """What `install_canary` reads from a model runner, with one Llama-shaped KV layer and a sampler."""
+class LlamaKvRunner:
+    """What `install_canary` reads from a model runner, with Llama-shaped KV layers and a sampler."""
 
     def __init__(self, reqs: int, slots_per_req: int, geometry: dict, device: torch.device, seed: int = 0):
         self.server_args = SimpleNamespace(kv_canary="log", kv_canary_real_kv="partial", speculative_num_steps=None,
@@ -148,10 +150,11 @@ class Layer0Runner:
         size = reqs * slots_per_req
         shape = (size + 1, geometry["kv_heads"], geometry["head_dim"])
         gen = torch.Generator(device=device).manual_seed(seed)
-        self.token_to_kv_pool = SimpleNamespace(
-            k_buffer=[torch.randn(shape, dtype=geometry["dtype"], device=device, generator=gen)],
-            v_buffer=[torch.randn(shape, dtype=geometry["dtype"], device=device, generator=gen)],
-        )
+        def layers():
+            first, rest = (torch.randn(shape, dtype=geometry["dtype"], device=device, generator=gen) for _ in range(2))
+            return [first] + [rest] * (geometry["layers"] - 1)
+
+        self.token_to_kv_pool = SimpleNamespace(k_buffer=layers(), v_buffer=layers())
         # Req-pool row 0 is sglang's padding row; request r uses row r + 1, whose position p sits in
         # slot 1 + r * slots_per_req + p (contiguous pages; slot 0 is padding too).
         slots = torch.arange(1, size + 1, dtype=torch.int32, device=device).view(reqs, slots_per_req)
@@ -176,7 +179,7 @@ def canary_step_cost(reqs: int, context: int, device: torch.device, host_steps: 
     replay, and the sampler's output is recorded through the canary's wrap of `model_runner.sample`.
     """
     slots_per_req = context + host_steps + 1
-    runner = Layer0Runner(reqs, slots_per_req, geometry, device)
+    runner = LlamaKvRunner(reqs, slots_per_req, geometry, device)
     manager, model = runner.canary_manager, runner.model
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, 128_000, (reqs, slots_per_req), generator=gen, dtype=torch.int32)
