@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from canary_instrument.runtime.layers import fingerprint_table, layer_count
 from canary_instrument.runtime.perturb.base import GROUP_NAMES, HALF_NAMES, KindContext, Planned
-from canary_instrument.runtime.perturb.real_kv import _flip, _resolve, used_target
+from canary_instrument.runtime.perturb.real_kv import _flip, _resolve, _rotation, used_target
 
 
 def _rewrite_word(table: Any, column: int, slot: Any, valid: Any, change) -> None:
@@ -37,7 +37,7 @@ class FingerprintZeroed:
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
         import torch
 
-        found = used_target(ctx, forward_batch)
+        found = used_target(ctx, forward_batch, forwards=_rotation(ctx))
         if found is None:
             return None
         group, full_slot, position, device, valid = found

@@ -94,9 +94,12 @@ def checked_layer(ctx: KindContext, group: Any, req: Any) -> Any:
     return None
 
 
-def used_target(ctx: KindContext, forward_batch: Any) -> Optional[tuple]:
+def used_target(ctx: KindContext, forward_batch: Any, forwards: int = 0) -> Optional[tuple]:
     """(group, full slot, position, device facts, valid) of a slot a request of this batch reads, or None.
 
+    ``forwards``: how many of the request's next forwards must still read the slot. Only the SWA group
+    drops positions as the request grows (its window), so there the position is drawn from the window's
+    part that stays in it that long (at the request's tokens per forward), where the window allows.
     ``valid`` is None where the host drew the request and position, a device bool where only the device
     knows the prefixes (a target verify without host copies); the request is in the facts as ``req``."""
     import torch
@@ -110,7 +113,8 @@ def used_target(ctx: KindContext, forward_batch: Any) -> Optional[tuple]:
         r, valid = device_row(ctx, prefix >= 1)
         high = prefix.index_select(0, r)
         # The SWA group verifies (and attention reads) only the request's last window of positions.
-        low = (high - ctx.state.swa_window).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
+        keep = _kept_span(ctx, forwards * max(facts.new, default=1))
+        low = (high - keep).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
         position, in_range = device_position(ctx, low, high)
         req = forward_batch.req_pool_indices.index_select(0, r).to(torch.int64)
         valid = valid & in_range
@@ -120,13 +124,19 @@ def used_target(ctx: KindContext, forward_batch: Any) -> Optional[tuple]:
             return None
         r = ctx.rng.choice(rows)
         prefix = facts.prefix[r]
-        lo = max(0, prefix - ctx.state.swa_window) if group.group == 1 else 0
+        lo = max(0, prefix - _kept_span(ctx, forwards * facts.new[r])) if group.group == 1 else 0
         position = ctx.rng.randrange(lo, prefix)
         req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
         valid = None
     table = ctx.state.req_to_token
     full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
     return group, full_slot, position, {"req": req}, valid
+
+
+def _kept_span(ctx: KindContext, growth: int) -> int:
+    """The last positions of an SWA request's window that stay in it while it grows by ``growth`` tokens
+    (at least one position: a window narrower than the growth keeps only its newest)."""
+    return max(1, ctx.state.swa_window - growth)
 
 
 class RealKvUsed:
@@ -147,11 +157,18 @@ class RealKvLayer:
     hook = "before_forward"
 
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        found = used_target(ctx, forward_batch)
+        found = used_target(ctx, forward_batch, forwards=_rotation(ctx))
         if found is None:
             return None
         group, full_slot, position, device, valid = found
         return _flip(ctx, self.name, step, group, full_slot, position, device, restore=False, valid=valid)
+
+
+def _rotation(ctx: KindContext) -> int:
+    """Forwards until the rotation has checked every layer of a group (realkv=all: the next one)."""
+    if ctx.state.realkv != "partial":
+        return 1
+    return max(layer_count(g) for g in ctx.state.groups)
 
 
 def _last_windows(facts: Any, window: int) -> list[int]:
