@@ -97,9 +97,10 @@ def checked_layer(ctx: KindContext, group: Any, req: Any) -> Any:
 def used_target(ctx: KindContext, forward_batch: Any, forwards: int = 0) -> Optional[tuple]:
     """(group, full slot, position, device facts, valid) of a slot a request of this batch reads, or None.
 
-    ``forwards``: how many of the request's next forwards must still read the slot. Only the SWA group
-    drops positions as the request grows (its window), so there the position is drawn from the window's
-    part that stays in it that long (at the request's tokens per forward), where the window allows.
+    ``forwards``: how many of the request's forwards, this one included, must read the slot. Only the SWA
+    group drops positions as the request grows (its window), so there the position is drawn from the part
+    of the window that stays in it that long at this forward's tokens per request (a decode's or a target
+    verify's growth per forward); an extend, whose next forwards grow otherwise, offers no such target.
     ``valid`` is None where the host drew the request and position, a device bool where only the device
     knows the prefixes (a target verify without host copies); the request is in the facts as ``req``."""
     import torch
@@ -113,30 +114,31 @@ def used_target(ctx: KindContext, forward_batch: Any, forwards: int = 0) -> Opti
         r, valid = device_row(ctx, prefix >= 1)
         high = prefix.index_select(0, r)
         # The SWA group verifies (and attention reads) only the request's last window of positions.
-        keep = _kept_span(ctx, forwards * max(facts.new, default=1))
+        keep = ctx.state.swa_window - max(0, forwards - 1) * max(facts.new, default=1)
+        if group.group == 1 and keep < 1:
+            return None
         low = (high - keep).clamp(min=0) if group.group == 1 else torch.zeros_like(high)
         position, in_range = device_position(ctx, low, high)
         req = forward_batch.req_pool_indices.index_select(0, r).to(torch.int64)
         valid = valid & in_range
     else:
-        rows = [r for r in range(facts.size) if facts.prefix[r] >= 1] if facts else []
+        lows = [0] * facts.size if facts else []
+        if facts and group.group == 1:
+            if forwards > 1 and facts.mode == "extend":
+                return None
+            grown = [max(0, forwards - 1) * new for new in facts.new]
+            lows = [max(0, p - ctx.state.swa_window + g) for p, g in zip(facts.prefix, grown)]
+        rows = [r for r in range(facts.size) if facts.prefix[r] >= 1 and lows[r] < facts.prefix[r]] if facts else []
         if not rows:
             return None
         r = ctx.rng.choice(rows)
         prefix = facts.prefix[r]
-        lo = max(0, prefix - _kept_span(ctx, forwards * facts.new[r])) if group.group == 1 else 0
-        position = ctx.rng.randrange(lo, prefix)
+        position = ctx.rng.randrange(lows[r], prefix)
         req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
         valid = None
     table = ctx.state.req_to_token
     full_slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
     return group, full_slot, position, {"req": req}, valid
-
-
-def _kept_span(ctx: KindContext, growth: int) -> int:
-    """The last positions of an SWA request's window that stay in it while it grows by ``growth`` tokens
-    (at least one position: a window narrower than the growth keeps only its newest)."""
-    return max(1, ctx.state.swa_window - growth)
 
 
 class RealKvUsed:
@@ -165,7 +167,8 @@ class RealKvLayer:
 
 
 def _rotation(ctx: KindContext) -> int:
-    """Forwards until the rotation has checked every layer of a group (realkv=all: the next one)."""
+    """Forwards, this one included, until the rotation has checked every layer of a group (realkv=all: this
+    one)."""
     if ctx.state.realkv != "partial":
         return 1
     return max(layer_count(g) for g in ctx.state.groups)
