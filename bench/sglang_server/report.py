@@ -83,7 +83,16 @@ def correctness_row(name: str, run: dict) -> dict:
     row["decode_steps"] = row["forwards"] - row["prefill_batches"] if row["forwards"] else 0
     if meta.get("perturb"):
         row["score"] = score_log(log).to_dict()
+        armed = _armed_kinds(log)
+        if armed:  # kinds the run did not arm (added to the runtime since) have no row
+            row["score"]["kinds"] = {k: v for k, v in row["score"]["kinds"].items() if k in armed}
     return row
+
+
+def _armed_kinds(log: str) -> set:
+    """The perturbation kinds the run's ``kv_canary perturb: enabled k=rate, ...`` line names (empty: none found)."""
+    found = re.search(r"kv_canary perturb: enabled (.*?) \(seed", log)
+    return {item.split("=")[0].strip() for item in found.group(1).split(",")} if found else set()
 
 
 def shape_intervals(log: str) -> dict[tuple[int, int], list[tuple[int, float]]]:

@@ -17,9 +17,10 @@ from pathlib import Path
 import click
 
 from canary_instrument.demo.faults import FAULTS
+from canary_instrument.runtime.state import REASON_NAMES
 
 LAYOUT_CHOICES = ("mha", "mla", "swa")
-REASON_ORDER = ["position", "link", "fingerprint", "token", "swa_unmapped", "padding_slot"]
+REASON_ORDER = [name for _, name in sorted(REASON_NAMES.items())]  # reason-bit order
 
 
 @click.command(

@@ -227,10 +227,9 @@ FAULTS: dict[str, Fault] = {
         _perturbation("kv_flip_after_write", "KV bit flipped after write", "real_kv_post_forward", {FINGERPRINT}),
         _perturbation("idle_cache_flip", "cached KV bit flipped while idle", "real_kv_unused_cache", {FINGERPRINT}),
         _perturbation("token_swap", "two requests' tokens swapped", "next_token_swap", {TOKEN}),
-        _perturbation("layer_flip", "real-KV bit flipped in any layer, kept", "real_kv_layer", {FINGERPRINT}),
-        _perturbation("fingerprint_zeroed", "fingerprint word zeroed, then KV flipped", "fingerprint_zeroed",
-                      {UNWRITTEN}),
-        _perturbation("row_high_bit", "unused high bit of a row's token flipped", "row_high_bit", {ROW_BITS}),
+        _perturbation("layer_flip", "KV bit flipped in any layer", "real_kv_layer", {FINGERPRINT}),
+        _perturbation("fingerprint_zeroed", "fingerprint zeroed, KV flipped", "fingerprint_zeroed", {UNWRITTEN}),
+        _perturbation("row_high_bit", "row token bit 32-63 flipped", "row_high_bit", {ROW_BITS}),
         Fault("eagle_offset", "EAGLE draft position off by one", "draft_extend_batch", eagle_offset, needs_eagle=True),
         Fault("swa_mapping", "SWA mapping entry corrupted", "step_end", swa_mapping, needs_swa=True),
     )
