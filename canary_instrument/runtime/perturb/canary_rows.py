@@ -54,8 +54,6 @@ class RowHighBit:
     hook = "before_forward"
 
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        import torch
-
         found = used_target(ctx, forward_batch)
         if found is None:
             return None
@@ -63,7 +61,8 @@ class RowHighBit:
         slot, resolved = _resolve(ctx.state, group, full_slot)
         ok = resolved if valid is None else resolved & valid
         bit = ctx.rng.randrange(32, 64)
-        mask = torch.tensor(1, dtype=torch.int64, device=group.rows.device) << bit
+        # A host scalar (as a signed int64: bit 63 is the sign), so the XOR needs no host-to-device copy.
+        mask = (1 << bit) - ((1 << 64) if bit == 63 else 0)
         _rewrite_word(group.rows, 0, slot, ok, lambda token: token ^ mask)
         if hasattr(position, "shape"):
             device, position = {**device, "position": position}, -1
