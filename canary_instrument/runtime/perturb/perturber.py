@@ -26,12 +26,13 @@ from canary_instrument.runtime.perturb.injection import Injection
 from canary_instrument.runtime.perturb.next_token_swap import NextTokenSwap
 from canary_instrument.runtime.perturb.real_kv import RealKvPostForward, RealKvUnusedCache, RealKvUsed
 from canary_instrument.runtime.perturb.req_to_token import ReqToTokenRemap
+from canary_instrument.runtime.perturb.request_side import PrematureFree, ReqRowSwap, WriteSlot
 from canary_instrument.runtime.perturb.settings import KINDS, PerturbSettings
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 KIND_CLASSES = {cls.name: cls for cls in (ReqToTokenRemap, RealKvUsed, RealKvUnusedCache, RealKvPostForward,
-                                          NextTokenSwap)}
+                                          NextTokenSwap, ReqRowSwap, WriteSlot, PrematureFree)}
 HOOKS = ("before_forward", "after_forward", "step_end")
 _CORE_FACTS = ("slot", "req", "applied")
 _MAX_KEPT = 100_000  # injections kept for drain(); the log has them all
@@ -59,9 +60,15 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
         raise ValueError("kv canary perturbation next_token_swap needs the token check (kv_canary_token_check on, "
                          "and a model runner with a sample method): without the sampled-token table a swapped token "
                          "cannot be reported")
+    if "req_row_swap" in kinds and state.identity is None:
+        raise ValueError("kv canary perturbation req_row_swap needs the request-identity table (a target whose "
+                         "req_to_token_pool has an alloc the canary wraps): without it a swap cannot be reported")
+    if "premature_free" in kinds and "request_side" not in state.extra:
+        raise ValueError("kv canary perturbation premature_free needs the KV allocator's free wrapped by the canary "
+                         "(a target model runner with token_to_kv_pool_allocator.free)")
     if settings.target_group == "swa" and real_kv and state.layout != "swa":
         raise ValueError(f"kv canary perturbation target group 'swa' needs an SWA pool; this pool is {state.layout}")
-    if "req_to_token" in kinds or "real_kv_used" in kinds:
+    if "req_to_token" in kinds or "real_kv_used" in kinds or "req_row_swap" in kinds or "premature_free" in kinds:
         if not state.req_to_token.is_contiguous():
             raise ValueError("kv canary perturbations need a contiguous req_to_token table")
 

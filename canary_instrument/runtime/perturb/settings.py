@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 # One per perturbation kind, in the order they are documented (docs/runtime.md, section 13).
-KINDS = ("req_to_token", "real_kv_used", "real_kv_unused_cache", "real_kv_post_forward", "next_token_swap")
+KINDS = ("req_to_token", "real_kv_used", "real_kv_unused_cache", "real_kv_post_forward", "next_token_swap",
+         "req_row_swap", "write_slot", "premature_free")
 TARGET_GROUPS = ("any", "full", "swa")
 OFF = ("", "off", "none", "0")
 
