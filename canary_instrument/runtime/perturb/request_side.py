@@ -1,7 +1,7 @@
 """Request-side kinds: a scheduler mixing up two requests' req-pool rows, a forward writing KV to another
 slot than req_to_token names, and a slot freed while a request still reads it.
 
-- ``req_row_swap`` (before the forward): two requests of the batch exchange their req_to_token entries
+- ``req_row_swap`` (before a decode or target-verify forward): two running requests of the batch exchange their req_to_token entries
   for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then reads a self-consistent
   prefix of the other's chain, which only the identity check reports (``identity`` at ``L - 1``); the
   longer one also breaks its link at ``L``. The entries are restored after the forward; the row the
@@ -32,7 +32,8 @@ class ReqRowSwap:
         import torch
 
         facts = batch_facts(forward_batch)
-        if facts is None or facts.prefix is None:
+        # Running requests (decode, target verify): each has run a forward, so each has an identity entry.
+        if facts is None or facts.prefix is None or facts.mode not in ("decode", "verify"):
             return None
         rows = [r for r in range(facts.size) if facts.prefix[r] >= 1]
         if len(rows) < 2:
