@@ -158,7 +158,7 @@ def use_after_free(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
     position = rng.randrange(req.cached_len)
     slot = _slot(engine, req, position)
     engine.scheduler.allocator.free(torch.tensor([slot], dtype=torch.int64, device=engine.scheduler.device))
-    return f"req {req.rid} position {position}: slot {slot} freed while in use", {POSITION, LINK}
+    return f"req {req.rid} position {position}: slot {slot} freed while in use", {POSITION, LINK, FREED}
 
 
 def eagle_offset(engine, rng, forward_batch=None, batch=None, **_) -> Optional[tuple[str, frozenset]]:

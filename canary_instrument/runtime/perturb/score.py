@@ -7,7 +7,7 @@ An injection is reported by a violation of the same or a later step that names w
 | req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
 | real_kv_used, real_kv_post_forward, real_kv_unused_cache | the flipped slot, in the same group and half, reason ``fingerprint`` |
 | next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
-| req_row_swap | reason ``identity`` or ``link`` of either request (the shorter one's row at ``length`` chains from the other's history) |
+| req_row_swap | reason ``identity``, ``link``, ``position`` or ``swa_unmapped`` of either request (the longer one reads the shorter one's slots, outside whose window the SWA group holds nothing; the shorter one's row at ``length`` chains from the other's history) |
 | write_slot | reason ``write_slot`` at either swapped (request, position) |
 | premature_free | reason ``freed`` at the freed slot |
 
@@ -57,7 +57,7 @@ def matches(injection: Injection, violation: Violation) -> bool:
         return (violation.req_pool_index, violation.position) in at or violation.slot in slots
     if injection.kind == "req_row_swap":
         return violation.req_pool_index in (injection.req, injection.get("other_req")) and bool(
-            {"identity", "link"} & set(reasons))
+            {"identity", "link", "position", "swa_unmapped"} & set(reasons))
     if injection.kind == "write_slot":
         at = {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
         return "write_slot" in reasons and (violation.req_pool_index, violation.position) in at
