@@ -30,6 +30,9 @@ class RequestSide:
         self.new_rows: list = []  # req-pool rows handed to new requests (ints, or device tensors)
         self.freed: list = []  # device tensors of freed KV slots (copies: the engine may reuse its buffer)
         self.pending = False
+        import torch
+
+        self._slot_dtype = torch.int64
 
     def on_alloc(self, rows: Any) -> None:
         if rows is None or self.state.identity is None:
@@ -43,7 +46,7 @@ class RequestSide:
     def on_free(self, free_index: Any) -> None:
         if free_index is None or not hasattr(free_index, "numel") or free_index.numel() == 0:
             return
-        self.freed.append(free_index.reshape(-1).clone())
+        self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
         self.pending = True
 
     def apply(self) -> None:
@@ -62,13 +65,13 @@ class RequestSide:
                 tensors.append(_host_to_device(ints, device))
             state.identity.index_fill_(0, torch.cat(tensors), -1)
         if freed:
-            for group in state.groups:
-                if group.group != GROUP_FULL:
-                    continue  # the FULL group verifies every position an SWA request reads
-                n = group.rows.shape[0]
-                slots = torch.cat([f.to(device=group.rows.device, dtype=torch.int64) for f in freed])
-                # Out-of-range entries go to slot 0, the padding row nobody verifies (no host sync to drop them).
-                slots = torch.where((slots > 0) & (slots < n), slots, torch.zeros_like(slots))
+            full = [g for g in state.groups if g.group == GROUP_FULL]  # FULL verifies every position SWA reads
+            n = full[0].rows.shape[0]
+            slots = freed[0] if len(freed) == 1 else torch.cat(freed)
+            slots = slots.to(device=full[0].rows.device, dtype=torch.int64)
+            # Out-of-range entries go to slot 0, the padding row nobody verifies (no host sync to drop them).
+            slots = torch.where((slots > 0) & (slots < n), slots, 0)
+            for group in full:
                 group.rows[:, 1].index_fill_(0, slots, FREED_POSITION)
 
 
