@@ -39,6 +39,8 @@ from canary_instrument.runtime.state import (
     GROUP_SWA,
     HALF_K,
     HALF_V,
+    IDENTITY_FIELDS,
+    IDENTITY_LAST_NEW,
     CanaryGroup,
     CanaryState,
     PlanInputs,
@@ -59,6 +61,9 @@ def log(*args):
 
 
 # ---------------------------------------------------------------- pools
+
+
+REQUEST_SIDE = False  # --request-side: the target's identity and write-slot checks in every plan
 
 
 def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, window=1024, expected=True,
@@ -103,6 +108,10 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
         extend_lens=torch.full((max_bs,), ctx - 1, dtype=torch.int32, device=DEV),
         enabled=torch.tensor([1], dtype=torch.int32, device=DEV),
     )
+    if REQUEST_SIDE:
+        # A target's request-side checks: identity entries (recorded by the prefill below) and out_cache_loc.
+        state.identity = torch.full((r2t.shape[0], IDENTITY_FIELDS), -1, dtype=torch.int64, device=DEV)
+        plan.identity = IDENTITY_LAST_NEW
     ops = TritonCanaryOps()
     ops.pre_forward(state, plan, tokens[:, : ctx - 1].reshape(-1).contiguous())
     ops.post_forward(state, plan)
@@ -113,6 +122,8 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     plan.prefix_lens.fill_(ctx - 1)
     plan.extend_lens.fill_(1)
     decode_ids = tokens[:, ctx - 1].contiguous()
+    if REQUEST_SIDE:
+        plan.out_cache_loc = r2t[plan.req_pool_indices, ctx - 1].to(torch.int64)
     if expected:
         # The sampled-token check of a decode: each request's sampled token for position ctx - 1.
         state.sampled_tokens = torch.full((reqs + 1,), -1, dtype=torch.int32, device=DEV)
@@ -484,9 +495,14 @@ def main():
     # the kernels must not cost more for a big pool than for the batch they check.
     parser.add_argument("--pool-rows", type=int, default=4097,
                         help="req-pool capacity (req_to_token rows) of the scaling table's pools")
+    parser.add_argument("--request-side", action="store_true",
+                        help="plans with the target's identity and write-slot checks on (issue 21's cost)")
     args = parser.parse_args()
+    global REQUEST_SIDE
+    REQUEST_SIDE = args.request_side
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "request_side": REQUEST_SIDE,
                "command": "PYTHONPATH=$PWD python " + " ".join(sys.argv)}
     start = time.time()
     copy_bw = copy_bandwidth()

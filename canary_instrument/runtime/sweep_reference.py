@@ -27,7 +27,18 @@ import torch
 
 from ..codegen.specs import PARTIAL_WORDS
 from . import hashing
-from .state import FINGERPRINT, FREED, FREED_POSITION, GROUP_SWA, KERNEL_SWEEP, LINK, PADDING_SLOT, POSITION, SWA_UNMAPPED, CanaryState
+from .state import (
+    FINGERPRINT,
+    FREED,
+    FREED_POSITION,
+    GROUP_SWA,
+    KERNEL_SWEEP,
+    LINK,
+    PADDING_SLOT,
+    POSITION,
+    SWA_UNMAPPED,
+    CanaryState,
+)
 from .sweep import SweepBuffers
 
 

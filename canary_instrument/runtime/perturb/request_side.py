@@ -1,10 +1,10 @@
 """Request-side kinds: a scheduler mixing up two requests' req-pool rows, a forward writing KV to another
 slot than req_to_token names, and a slot freed while a request still reads it.
 
-- ``req_row_swap`` (before a decode or target-verify forward): two running requests of the batch exchange their req_to_token entries
-  for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then reads a self-consistent
-  prefix of the other's chain, which only the identity check reports (``identity`` at ``L - 1``); the
-  longer one also breaks its link at ``L``. The entries are restored after the forward; the row the
+- ``req_row_swap`` (before a decode or target-verify forward): two running requests of the batch exchange
+  their req_to_token entries for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then
+  reads a self-consistent prefix of the other's chain, which only the identity check reports (``identity``
+  at ``L - 1``); the longer one also breaks its link at ``L``. The entries are restored after the forward; the row the
   shorter request wrote at ``L`` chains from the other's history, as with the real bug, so its later
   reads report ``link`` there.
 - ``write_slot`` (before the forward): two new tokens of the batch exchange their ``out_cache_loc``
