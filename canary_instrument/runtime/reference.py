@@ -33,6 +33,15 @@ Semantics beyond docs/architecture.md, shared by both backends:
   ``target_rows`` (draft worker), the pre-forward pass compares each position
   ``p < prefix - target_margin`` with the token of the target's row of position ``p + 1``
   (slot ``req_to_token[r, p + 1]`` inside ``(0, target slots)``).
+- Request side (FULL group, K half; docs/kernels.md, "Request identity, the write side and freed
+  slots"): with ``identity`` and a plan whose ``identity`` is on, the pre-forward pass reports IDENTITY
+  where the position equals the request's entry and the row's link or token differs from it (stored/
+  expected: the link, else the token), and the post-forward pass records each request's entry at
+  the position it keeps, from the row as read back (-1 where the slot there is unresolvable). With
+  ``out_cache_loc`` the post-forward pass reports WRITE_SLOT where a new position's written slot
+  differs from its ``req_to_token`` entry (stored: the written slot, expected: the entry). IDENTITY
+  and WRITE_SLOT give stored/expected only when no other reason of the entry does.
+- A row whose position is ``FREED_POSITION`` is reported FREED instead of POSITION, in every group.
 """
 
 from __future__ import annotations
