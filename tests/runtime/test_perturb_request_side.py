@@ -18,7 +18,8 @@ def with_request_side(sc, fb):
     """The buffers a target's manager keeps: identity entries as the requests' last forwards left them, the
     batch's out_cache_loc in the plan, and the allocator-side queue the free wrapper feeds."""
     state, rows = sc.state, sc.state.groups[0].rows
-    state.identity = torch.full((state.req_to_token.shape[0], IDENTITY_FIELDS), -1, dtype=torch.int64)
+    state.identity = torch.full((state.req_to_token.shape[0], IDENTITY_FIELDS), -1, dtype=torch.int64,
+                                device=state.req_to_token.device)
     for req in sc.requests:
         slot = req.full_slots[req.prefix - 1]
         state.identity[req.pool_index] = torch.tensor([req.prefix - 1, int(rows[slot, 0]), int(rows[slot, 2])])

@@ -14,6 +14,7 @@ from canary_instrument.runtime.sweep_triton import TritonSweepOps
 
 from .radix_trees import CompressedRadixCache
 from .test_perturb_kinds import forward_batch, records
+from .test_perturb_request_side import with_request_side
 
 pytestmark = pytest.mark.gpu
 
@@ -47,6 +48,7 @@ def _to_cuda(fb):
 def test_hooks_and_sweep_run_without_a_host_sync(layout, decode):
     sc = cuda_scenario(layout, decode)
     fb = _to_cuda(forward_batch(sc, decode=decode))
+    with_request_side(sc, fb)  # identity entries, out_cache_loc and the free queue, as a target's manager keeps
     cache = CompressedRadixCache(device="cuda")
     for req in sc.requests:
         cache.insert(req.tokens[: req.prefix], req.full_slots[: req.prefix])
@@ -62,9 +64,11 @@ def test_hooks_and_sweep_run_without_a_host_sync(layout, decode):
         perturber.at_step_end(view)
         sweeper.maybe_sweep(1, cache)
     injections = perturber.drain()
-    assert {i.kind for i in injections} == set(KINDS) - ({"next_token_swap"} if not decode else set())
+    # next_token_swap and req_row_swap act on running requests (decode, verify) only.
+    assert {i.kind for i in injections} == set(KINDS) - ({"next_token_swap", "req_row_swap"} if not decode else set())
     found = records(sc.state, 1)
-    result = score([i for i in injections if i.kind in ("req_to_token", "real_kv_used", "next_token_swap")], found)
+    same_forward = ("req_to_token", "real_kv_used", "next_token_swap", "req_row_swap", "write_slot")
+    result = score([i for i in injections if i.kind in same_forward], found)
     assert result.reported == result.injected > 0
 
 
