@@ -64,12 +64,20 @@ def test_hooks_and_sweep_run_without_a_host_sync(layout, decode):
         perturber.at_step_end(view)
         sweeper.maybe_sweep(1, cache)
     injections = perturber.drain()
-    # next_token_swap and req_row_swap act on running requests (decode, verify) only.
-    assert {i.kind for i in injections} == set(KINDS) - ({"next_token_swap", "req_row_swap"} if not decode else set())
+    # next_token_swap acts on running requests (decode, verify) only; req_row_swap too, and it yields the
+    # forward to req_to_token (one rewrite of the table per forward).
+    skipped = {"req_row_swap"} | ({"next_token_swap"} if not decode else set())
+    assert {i.kind for i in injections} == set(KINDS) - skipped
     found = records(sc.state, 1)
     same_forward = ("req_to_token", "real_kv_used", "next_token_swap", "req_row_swap", "write_slot")
     result = score([i for i in injections if i.kind in same_forward], found)
     assert result.reported == result.injected > 0
+    if decode:
+        swap = Perturber(PerturbSettings(rates=(("req_row_swap", 1.0),), seed=2, warmup_steps=0), sc.state)
+        with no_host_sync():
+            swap.before_forward(ManagerView(step=2), fb)
+            swap.after_forward(ManagerView(step=2), fb)
+        assert [i.kind for i in swap.drain()] == ["req_row_swap"]
 
 
 def test_sweep_kernel_replays_in_a_cuda_graph_with_rows_staged_after_capture():

@@ -34,6 +34,9 @@ logger = logging.getLogger("canary_instrument.runtime")
 KIND_CLASSES = {cls.name: cls for cls in (ReqToTokenRemap, RealKvUsed, RealKvUnusedCache, RealKvPostForward,
                                           NextTokenSwap, ReqRowSwap, WriteSlot, PrematureFree)}
 HOOKS = ("before_forward", "after_forward", "step_end")
+# Kinds that rewrite req_to_token entries: at most one of them per forward (a row swap would carry a remapped
+# entry to the other request, whose report then names neither injection).
+_REWRITE_TABLE = frozenset(("req_to_token", "req_row_swap"))
 _CORE_FACTS = ("slot", "req", "applied")
 _MAX_KEPT = 100_000  # injections kept for drain(); the log has them all
 
@@ -136,7 +139,10 @@ class Perturber:
 
     def _run(self, hook: str, step: int, forward_batch: Any = None, cache: Any = None) -> None:
         if step > self.settings.warmup_steps:
+            table_changed = False
             for impl, rate, ctx in self._hooks[hook]:
+                if table_changed and impl.name in _REWRITE_TABLE:
+                    continue  # one req_to_token rewrite per forward: a second would move the first's report
                 if self.limit is not None and self.counts[impl.name] >= self.limit:
                     continue
                 if ctx.rng.random() >= rate:
@@ -147,6 +153,7 @@ class Perturber:
                 planned = impl.inject(ctx, step, forward_batch=forward_batch, cache=cache)
                 if planned is not None:
                     self._submit(planned)
+                    table_changed = table_changed or impl.name in _REWRITE_TABLE
         self._facts.poll()
 
     def _restore(self) -> None:
