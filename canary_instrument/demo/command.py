@@ -19,7 +19,8 @@ import click
 from canary_instrument.demo.faults import FAULTS
 
 LAYOUT_CHOICES = ("mha", "mla", "swa")
-REASON_ORDER = ["position", "link", "fingerprint", "token", "swa_unmapped", "padding_slot"]
+REASON_ORDER = ["position", "link", "fingerprint", "token", "swa_unmapped", "padding_slot", "identity", "write_slot",
+                "freed"]
 
 
 @click.command(

@@ -83,8 +83,6 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             state.identity = None
             logger.warning("kv canary: %s has no alloc to wrap; the request-identity check is off",
                            type(model_runner.req_to_token_pool).__qualname__)
-        if free_wrapped:
-            state.extra["request_side"] = side  # premature_free hands its slot to the same path
         if not rows_wrapped and not free_wrapped:
             side = None
     manager = CanaryManager(

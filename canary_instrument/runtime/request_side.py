@@ -65,14 +65,21 @@ class RequestSide:
                 tensors.append(_host_to_device(ints, device))
             state.identity.index_fill_(0, torch.cat(tensors), -1)
         if freed:
-            full = [g for g in state.groups if g.group == GROUP_FULL]  # FULL verifies every position SWA reads
-            n = full[0].rows.shape[0]
-            slots = freed[0] if len(freed) == 1 else torch.cat(freed)
-            slots = slots.to(device=full[0].rows.device, dtype=torch.int64)
-            # Out-of-range entries go to slot 0, the padding row nobody verifies (no host sync to drop them).
-            slots = torch.where((slots > 0) & (slots < n), slots, 0)
-            for group in full:
-                group.rows[:, 1].index_fill_(0, slots, FREED_POSITION)
+            mark_freed(state, freed[0] if len(freed) == 1 else torch.cat(freed))
+
+
+def mark_freed(state: Any, slots: Any) -> None:
+    """Make the FULL group's rows of ``slots`` (a device int tensor) read as freed; the FULL group verifies
+    every position an SWA request reads, so the SWA group's rows are left alone."""
+    import torch
+
+    full = [g for g in state.groups if g.group == GROUP_FULL]
+    n = full[0].rows.shape[0]
+    slots = slots.to(device=full[0].rows.device, dtype=torch.int64)
+    # Out-of-range entries go to slot 0, the padding row nobody verifies (no host sync to drop them).
+    slots = torch.where((slots > 0) & (slots < n), slots, 0)
+    for group in full:
+        group.rows[:, 1].index_fill_(0, slots, FREED_POSITION)
 
 
 def _host_to_device(values: list, device: Any) -> Any:

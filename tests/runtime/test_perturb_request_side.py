@@ -7,7 +7,7 @@ import torch
 from canary_instrument.runtime import reference
 from canary_instrument.runtime.perturb import score
 from canary_instrument.runtime.request_side import RequestSide
-from canary_instrument.runtime.state import FREED_POSITION, IDENTITY_FIELDS, IDENTITY_LAST_NEW
+from canary_instrument.runtime.state import IDENTITY_FIELDS, IDENTITY_LAST_NEW
 
 from .test_perturb_kinds import forward_batch, next_step, one_step, perturber, records, scenario
 
@@ -25,9 +25,7 @@ def with_request_side(sc, fb):
         state.identity[req.pool_index] = torch.tensor([req.prefix - 1, int(rows[slot, 0]), int(rows[slot, 2])])
     sc.plan.identity = IDENTITY_LAST_NEW
     sc.plan.out_cache_loc = fb.out_cache_loc
-    side = RequestSide(state)
-    state.extra["request_side"] = side
-    return side
+    return RequestSide(state)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -67,21 +65,36 @@ def test_write_slot_is_a_write_slot_violation_at_both_positions(layout, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_premature_free_is_a_freed_violation_at_the_next_read(layout, seed):
+def test_premature_free_is_a_freed_violation_that_forward_and_restored(layout, seed):
     sc = scenario(layout, v_half=layout != "mla", seed=seed)
     fb = forward_batch(sc)
-    side = with_request_side(sc, fb)
+    with_request_side(sc, fb)
+    rows = [g.rows.clone() for g in sc.state.groups]
     pert = perturber("premature_free", sc.state, seed)
-    assert one_step(sc, fb, pert) == []
+    found = one_step(sc, fb, pert)
     [injection] = pert.drain()
-    assert int(sc.state.groups[0].rows[injection.slot, 1]) != FREED_POSITION, "marked only before the next forward"
-    side.apply()  # the next forward site's entry
+    freed = {(v.req_pool_index, v.position) for v in found if "freed" in v.reasons}
+    assert (injection.req, injection.position) in freed
+    assert not any("position" in v.reasons for v in found)
+    assert int(sc.state.groups[0].rows[injection.slot, 1]) == injection.position, "the mark is taken back"
+    result = score([injection], found)
+    assert (result.reported, result.kinds["premature_free"].delays, result.unattributed) == (1, [0], [])
     next_step(sc)
     since = int(sc.state.ring_count[0])
     reference.pre_forward(sc.state, sc.plan, sc.input_ids)
-    found = records(sc.state, 2, since)
-    assert {(v.req_pool_index, v.position) for v in found if "freed" in v.reasons} == {(injection.req,
-                                                                                          injection.position)}
-    assert not any("position" in v.reasons for v in found)
-    result = score([injection], found)
-    assert (result.reported, result.kinds["premature_free"].delays) == (1, [1])
+    assert records(sc.state, 2, since) == [], "nothing is left for the next forward to report"
+    assert len(rows) == len(sc.state.groups)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_req_row_swap_leaves_nothing_for_the_next_forward(layout, seed):
+    sc = scenario(layout, decode=True, v_half=layout != "mla", seed=seed)
+    fb = forward_batch(sc, decode=True)
+    with_request_side(sc, fb)
+    pert = perturber("req_row_swap", sc.state, seed)
+    assert one_step(sc, fb, pert)
+    next_step(sc)
+    since = int(sc.state.ring_count[0])
+    reference.pre_forward(sc.state, sc.plan, sc.input_ids)
+    assert records(sc.state, 2, since) == []

@@ -66,9 +66,6 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
     if "req_row_swap" in kinds and state.identity is None:
         raise ValueError("kv canary perturbation req_row_swap needs the request-identity table (a target whose "
                          "req_to_token_pool has an alloc the canary wraps): without it a swap cannot be reported")
-    if "premature_free" in kinds and "request_side" not in state.extra:
-        raise ValueError("kv canary perturbation premature_free needs the KV allocator's free wrapped by the canary "
-                         "(a target model runner with token_to_kv_pool_allocator.free)")
     if settings.target_group == "swa" and real_kv and state.layout != "swa":
         raise ValueError(f"kv canary perturbation target group 'swa' needs an SWA pool; this pool is {state.layout}")
     if "req_to_token" in kinds or "real_kv_used" in kinds or "req_row_swap" in kinds or "premature_free" in kinds:

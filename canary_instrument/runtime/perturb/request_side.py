@@ -1,19 +1,21 @@
 """Request-side kinds: a scheduler mixing up two requests' req-pool rows, a forward writing KV to another
 slot than req_to_token names, and a slot freed while a request still reads it.
 
-- ``req_row_swap`` (before a decode or target-verify forward): two running requests of the batch exchange
-  their req_to_token entries for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then
-  reads a self-consistent prefix of the other's chain, which only the identity check reports (``identity``
-  at ``L - 1``); the longer one also breaks its link at ``L``. The entries are restored after the forward; the row the
-  shorter request wrote at ``L`` chains from the other's history, as with the real bug, so its later
-  reads report ``link`` there.
+- ``req_row_swap`` (before a decode forward): two running requests of the batch exchange their
+  req_to_token entries for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then
+  reads a self-consistent prefix of the other's chain, which only the identity check reports
+  (``identity`` at ``L - 1``); the longer one also breaks its link at ``L``. After the forward the
+  entries are restored, and so are the links (and identity entries) of the rows the forward wrote
+  chained from the other's history: nothing is left for later reads to report.
 - ``write_slot`` (before the forward): two new tokens of the batch exchange their ``out_cache_loc``
   entries, so each one's KV lands in the other's slot; the post-forward pass reports ``write_slot`` at
   both positions. ``out_cache_loc`` is restored after the forward; the KV cannot be.
-- ``premature_free`` (after the forward): one slot a running request reads is handed to the canary's KV
-  free wrapper as the allocator's ``free`` would (it is not returned to the allocator, so nothing is
-  reused); the request's next read reports ``freed``. The row reads as freed until the request
-  finishes and its real free and the next writer take over.
+- ``premature_free`` (before the forward): one slot a request of the batch reads is marked freed as the
+  KV allocator's wrapped ``free`` marks it (it is not returned to the allocator, so nothing is reused);
+  that forward's pre-forward pass reports ``freed`` there (and ``link`` at the next position). The
+  position is never one a request of the batch reads last (its new rows chain from that one). The
+  mark is taken back after the forward. The wrapped ``free`` itself defers the mark to the next
+  forward's start (``runtime/request_side.py``); its path is tested on the engine.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ReqRowSwap:
 
         facts = batch_facts(forward_batch)
         # Running requests (decode, target verify): each has run a forward, so each has an identity entry.
-        if facts is None or facts.prefix is None or facts.mode not in ("decode", "verify"):
+        if facts is None or facts.prefix is None or facts.mode != "decode":
             return None
         rows = [r for r in range(facts.size) if facts.prefix[r] >= 1]
         if len(rows) < 2:
@@ -52,9 +54,14 @@ class ReqRowSwap:
         flat.index_copy_(0, at_a, old_b)
         flat.index_copy_(0, at_b, old_a)
 
+        # The new rows of requests whose prefix is L chained from the other's row at L - 1.
+        chained = [req_a] + ([req_b] if facts.prefix[b] == length else [])
+
         def undo() -> None:
             flat.index_copy_(0, at_a, old_a)
             flat.index_copy_(0, at_b, old_b)
+            for req in chained:
+                _relink(ctx.state, req, length)
 
         return Planned(
             self.name, step, position=length - 1, extra=(("length", length),),
@@ -62,6 +69,36 @@ class ReqRowSwap:
                     "applied": (old_a != old_b).any().reshape(1)},
             undo=undo,
         )
+
+
+def _relink(state: Any, req: Any, position: int) -> None:
+    """Recompute the link of request ``req``'s row at ``position`` (a decode's new row) from its own row at
+    ``position - 1`` in every group and half, and its identity entry's link; device ops only."""
+    import torch
+
+    from canary_instrument.runtime import hashing
+    from canary_instrument.runtime.state import GROUP_SWA
+
+    table = state.req_to_token
+    flat = table.view(-1)
+    here = flat.index_select(0, req * table.stride(0) + position).to(torch.int64)
+    before = flat.index_select(0, req * table.stride(0) + position - 1).to(torch.int64)
+    for group in state.groups:
+        n = group.rows.shape[0]
+        slot, prev = here, before
+        if group.group == GROUP_SWA:
+            slot, prev = state.swa_mapping.index_select(0, slot), state.swa_mapping.index_select(0, prev)
+        ok = (slot > 0) & (slot < n) & (prev > 0) & (prev < n)
+        slot, prev = torch.where(ok, slot, 0), torch.where(ok, prev, 0)
+        row = group.rows.index_select(0, prev)
+        link = hashing.next_link(row[:, 0], row[:, 1], row[:, 2])
+        links = group.rows[:, 2]
+        links.index_copy_(0, slot, torch.where(ok, link, links.index_select(0, slot)))
+        if state.identity is not None and (group.group, group.half) == (0, 0):
+            entry = state.identity.index_select(0, req)
+            mine = ok & (entry[:, 0] == position)
+            entry[:, 2] = torch.where(mine, link, entry[:, 2])
+            state.identity.index_copy_(0, req, entry)
 
 
 class WriteSlot:
@@ -98,25 +135,37 @@ class WriteSlot:
 
 class PrematureFree:
     name = "premature_free"
-    hook = "after_forward"
+    hook = "before_forward"
 
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
         import torch
 
-        side = ctx.state.extra.get("request_side")
+        from canary_instrument.runtime.request_side import mark_freed
+
         facts = batch_facts(forward_batch)
-        if side is None or facts is None or facts.prefix is None:
+        if facts is None or facts.prefix is None:
             return None
-        # Positions the request's next forward reads: its prefix and what this forward kept (a target
-        # verify keeps its first new position for sure; the others are draft guesses).
-        kept = [facts.prefix[r] + (1 if facts.mode == "verify" else facts.new[r]) for r in range(facts.size)]
-        rows = [r for r in range(facts.size) if kept[r] >= 1]
+        # A position this forward reads, and no request's last read one (prefix - 1): the rows a forward writes
+        # chain from that one, and a link derived from the marked row would outlive the mark.
+        ends = set(facts.prefix)  # a request sharing the slot may end its prefix right after it
+        rows = [r for r in range(facts.size) if facts.prefix[r] >= 2]
         if not rows:
             return None
         r = ctx.rng.choice(rows)
-        position = ctx.rng.randrange(kept[r])
+        positions = [p for p in range(facts.prefix[r] - 1) if p + 1 not in ends]
+        if not positions:
+            return None
+        position = ctx.rng.choice(positions)
         table = ctx.state.req_to_token
         req = forward_batch.req_pool_indices[r : r + 1].to(torch.int64)
         slot = table.view(-1).index_select(0, req * table.stride(0) + position).to(torch.int64)
-        side.on_free(slot)
-        return Planned(self.name, step, position=position, device={"req": req, "slot": slot, "applied": slot > 0})
+        full = [g for g in ctx.state.groups if g.group == 0]
+        kept = [g.rows[:, 1].index_select(0, slot) for g in full]
+        mark_freed(ctx.state, slot)
+
+        def undo() -> None:
+            for group, old in zip(full, kept):
+                group.rows[:, 1].index_copy_(0, slot, old)
+
+        return Planned(self.name, step, position=position, device={"req": req, "slot": slot, "applied": slot > 0},
+                       undo=undo)
