@@ -227,10 +227,9 @@ FAULTS: dict[str, Fault] = {
         _perturbation("kv_flip_after_write", "KV bit flipped after write", "real_kv_post_forward", {FINGERPRINT}),
         _perturbation("idle_cache_flip", "cached KV bit flipped while idle", "real_kv_unused_cache", {FINGERPRINT}),
         _perturbation("token_swap", "two requests' tokens swapped", "next_token_swap", {TOKEN}),
-        _perturbation("req_row_swap", "two requests' req_to_token rows swapped", "req_row_swap", {IDENTITY}),
-        _perturbation("write_slot", "KV written to another slot than req_to_token names", "write_slot",
-                      {WRITE_SLOT}),
-        _perturbation("premature_free", "slot freed while a request reads it", "premature_free", {FREED}),
+        _perturbation("req_row_swap", "two requests' rows swapped", "req_row_swap", {IDENTITY}),
+        _perturbation("write_slot", "KV written to a wrong slot", "write_slot", {WRITE_SLOT}),
+        _perturbation("premature_free", "slot freed while read", "premature_free", {FREED}),
         Fault("eagle_offset", "EAGLE draft position off by one", "draft_extend_batch", eagle_offset, needs_eagle=True),
         Fault("swa_mapping", "SWA mapping entry corrupted", "step_end", swa_mapping, needs_swa=True),
     )

@@ -1,7 +1,7 @@
 """Request-side kinds: a scheduler mixing up two requests' req-pool rows, a forward writing KV to another
 slot than req_to_token names, and a slot freed while a request still reads it.
 
-- ``req_row_swap`` (before a decode forward): two running requests of the batch exchange their
+- ``req_row_swap`` (before a decode or target-verify forward): two running requests of the batch exchange their
   req_to_token entries for positions ``[0, L)``, ``L`` the shorter prefix. The shorter request then
   reads a self-consistent prefix of the other's chain, which only the identity check reports
   (``identity`` at ``L - 1``); the longer one also breaks its link at ``L``. After the forward the
@@ -35,7 +35,7 @@ class ReqRowSwap:
 
         facts = batch_facts(forward_batch)
         # Running requests (decode, target verify): each has run a forward, so each has an identity entry.
-        if facts is None or facts.prefix is None or facts.mode != "decode":
+        if facts is None or facts.prefix is None or facts.mode not in ("decode", "verify"):
             return None
         rows = [r for r in range(facts.size) if facts.prefix[r] >= 1]
         if len(rows) < 2:
@@ -55,13 +55,14 @@ class ReqRowSwap:
         flat.index_copy_(0, at_b, old_a)
 
         # The new rows of requests whose prefix is L chained from the other's row at L - 1.
-        chained = [req_a] + ([req_b] if facts.prefix[b] == length else [])
+        chained = [(req_a, facts.new[a])] + ([(req_b, facts.new[b])] if facts.prefix[b] == length else [])
 
         def undo() -> None:
             flat.index_copy_(0, at_a, old_a)
             flat.index_copy_(0, at_b, old_b)
-            for req in chained:
-                _relink(ctx.state, req, length)
+            for req, count in chained:
+                for position in range(length, length + count):  # in order: each link derives from the last
+                    _relink(ctx.state, req, position)
 
         return Planned(
             self.name, step, position=length - 1, extra=(("length", length),),
@@ -72,8 +73,8 @@ class ReqRowSwap:
 
 
 def _relink(state: Any, req: Any, position: int) -> None:
-    """Recompute the link of request ``req``'s row at ``position`` (a decode's new row) from its own row at
-    ``position - 1`` in every group and half, and its identity entry's link; device ops only."""
+    """Recompute the link of request ``req``'s row at ``position`` (a row the forward wrote) from its own row
+    at ``position - 1`` in every group and half, and its identity entry's link there; device ops only."""
     import torch
 
     from canary_instrument.runtime import hashing
