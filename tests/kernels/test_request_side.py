@@ -22,14 +22,15 @@ from canary_instrument.runtime.state import (
     WRITE_SLOT,
 )
 
-from .scenario import make_scenario
+from .scenario import make_scenario, to_device
 from .test_triton_vs_reference import _ops, run_both
 
 LAYOUTS = [("mha", True), ("mla", False), ("swa", True)]
 REASONS_NEW = IDENTITY | WRITE_SLOT | FREED
 
 
-def request_side_scenario(layout, v_half, seed=0, prefix_lens=(20, 20, 9, 31), extend_lens=(1, 1, 3, 2)):
+def request_side_scenario(layout, v_half, seed=0, prefix_lens=(20, 20, 9, 31), extend_lens=(1, 1, 3, 2),
+                          device="cpu"):
     sc = make_scenario(layout, "partial", v_half, seed=seed, num_reqs=4, max_bs=6, share_prefix=False,
                        prefix_lens=list(prefix_lens), extend_lens=list(extend_lens), max_prefix=40)
     state, plan = sc.state, sc.plan
@@ -48,7 +49,7 @@ def request_side_scenario(layout, v_half, seed=0, prefix_lens=(20, 20, 9, 31), e
         loc[at : at + req.extend] = torch.tensor(req.full_slots[req.prefix : req.prefix + req.extend])
         at += req.extend
     plan.out_cache_loc = loc
-    return sc
+    return to_device(sc, device)
 
 
 def reasons_at(state, bit):
@@ -56,8 +57,8 @@ def reasons_at(state, bit):
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_clean_batch_reports_nothing_new_and_records_identity(layout, v_half):
-    sc, ref = run_both(request_side_scenario(layout, v_half), _ops())
+def test_clean_batch_reports_nothing_new_and_records_identity(device, layout, v_half):
+    sc, ref = run_both(request_side_scenario(layout, v_half, device=device), _ops())
     assert reasons_at(sc.state, REASONS_NEW) == []
     rows = sc.state.groups[0].rows
     for req in sc.requests:
@@ -65,22 +66,22 @@ def test_clean_batch_reports_nothing_new_and_records_identity(layout, v_half):
         slot = req.full_slots[last]
         want = [last, int(rows[slot, 0]), int(rows[slot, 2])]
         assert sc.state.identity[req.pool_index].tolist() == want
-    assert torch.equal(sc.state.identity, ref.state.identity)
+    assert torch.equal(sc.state.identity.cpu(), ref.state.identity)
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_target_verify_records_its_first_new_position(layout, v_half):
-    sc = request_side_scenario(layout, v_half, extend_lens=(3, 3, 3, 3))
+def test_target_verify_records_its_first_new_position(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half, extend_lens=(3, 3, 3, 3), device=device)
     sc.plan.identity = IDENTITY_FIRST_NEW
     sc, ref = run_both(sc, _ops())
     for req in sc.requests:
         assert int(sc.state.identity[req.pool_index, 0]) == req.prefix
-    assert torch.equal(sc.state.identity, ref.state.identity)
+    assert torch.equal(sc.state.identity.cpu(), ref.state.identity)
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_swapped_req_to_token_rows_of_equal_length_are_identity_violations(layout, v_half):
-    sc = request_side_scenario(layout, v_half)
+def test_swapped_req_to_token_rows_of_equal_length_are_identity_violations(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half, device=device)
     a, b = sc.requests[0], sc.requests[1]  # equal prefixes (20): each chain is self-consistent
     table = sc.state.req_to_token
     row_a = table[a.pool_index, : a.prefix].clone()
@@ -91,8 +92,8 @@ def test_swapped_req_to_token_rows_of_equal_length_are_identity_violations(layou
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_just_allocated_row_is_not_identity_checked(layout, v_half):
-    sc = request_side_scenario(layout, v_half)
+def test_just_allocated_row_is_not_identity_checked(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half, device=device)
     a = sc.requests[0]
     sc.state.identity[a.pool_index] = -1  # what the req-pool alloc wrapper leaves for a new occupant
     sc.state.req_to_token[a.pool_index, : a.prefix] = sc.state.req_to_token[sc.requests[1].pool_index, : a.prefix]
@@ -101,8 +102,8 @@ def test_just_allocated_row_is_not_identity_checked(layout, v_half):
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_kv_written_to_another_slot_is_a_write_slot_violation(layout, v_half):
-    sc = request_side_scenario(layout, v_half)
+def test_kv_written_to_another_slot_is_a_write_slot_violation(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half, device=device)
     c = sc.requests[2]  # extend 3: its second new token's KV goes to another request's slot
     at = sum(r.extend for r in sc.requests[:2]) + 1
     sc.plan.out_cache_loc[at] = sc.requests[3].full_slots[0]
@@ -111,8 +112,8 @@ def test_kv_written_to_another_slot_is_a_write_slot_violation(layout, v_half):
 
 
 @pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_read_of_a_freed_row_is_a_freed_violation(layout, v_half):
-    sc = request_side_scenario(layout, v_half)
+def test_read_of_a_freed_row_is_a_freed_violation(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half, device=device)
     d = sc.requests[3]
     position = 5
     for group in sc.state.groups:
@@ -124,7 +125,7 @@ def test_read_of_a_freed_row_is_a_freed_violation(layout, v_half):
     assert (d.pool_index, position) not in reasons_at(sc.state, POSITION)
 
 
-def test_reference_alone_matches_on_identity_off():
+def test_plan_with_identity_off_reports_no_identity_violation():
     """With the plan's identity off (a draft worker), a swapped row is not an identity violation."""
     sc = request_side_scenario("mha", True)
     sc.plan.identity = 0
