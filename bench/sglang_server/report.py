@@ -83,6 +83,11 @@ def correctness_row(name: str, run: dict) -> dict:
     row["decode_steps"] = row["forwards"] - row["prefill_batches"] if row["forwards"] else 0
     if meta.get("perturb"):
         row["score"] = score_log(log).to_dict()
+        # Only the kinds the run armed (its "enabled" line): an archive predates kinds added since.
+        armed = re.search(r"kv_canary perturb: enabled (\S.*?) \(seed", log)
+        if armed:
+            names = {item.split("=")[0] for item in armed.group(1).split(", ")}
+            row["score"]["kinds"] = {k: v for k, v in row["score"]["kinds"].items() if k in names}
     return row
 
 
