@@ -38,6 +38,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--clean-steps", type=int, default=2000)
     parser.add_argument("--layouts", nargs="+", default=list(matrix.LAYOUTS))
+    parser.add_argument("--faults", nargs="+", default=None, help="only these faults (default: all)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting new trials after this long")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -66,7 +67,7 @@ def main() -> int:
         }
         print(f"{variant.label}: clean {clean.steps} steps, {len(clean.violations)} violations, "
               f"{clean.seconds:.1f} s, {vars(clean.stats)}", flush=True)
-        for fault in matrix.faults_for(variant):
+        for fault in matrix.faults_for(variant, args.faults):
             cell = cells[(variant.label, fault.name)]
             for trial in range(args.trials):
                 if args.budget_s is not None and time.perf_counter() - started > args.budget_s:

@@ -42,6 +42,8 @@ from canary_instrument.runtime.state import (
     GROUP_SWA,
     HALF_K,
     HALF_V,
+    IDENTITY_FIELDS,
+    IDENTITY_LAST_NEW,
     CanaryGroup,
     CanaryState,
     PlanInputs,
@@ -66,6 +68,9 @@ def log(*args):
 
 
 # ---------------------------------------------------------------- pools
+
+
+REQUEST_SIDE = False  # --request-side: the target's identity and write-slot checks in every plan
 
 
 def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, window=1024, expected=True,
@@ -111,6 +116,10 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
         extend_lens=torch.full((max_bs,), ctx - 1, dtype=torch.int32, device=DEV),
         enabled=torch.tensor([1], dtype=torch.int32, device=DEV),
     )
+    if REQUEST_SIDE:
+        # A target's request-side checks: identity entries (recorded by the prefill below) and out_cache_loc.
+        state.identity = torch.full((r2t.shape[0], IDENTITY_FIELDS), -1, dtype=torch.int64, device=DEV)
+        plan.identity = IDENTITY_LAST_NEW
     ops = TritonCanaryOps()
     ops.pre_forward(state, plan, tokens[:, : ctx - 1].reshape(-1).contiguous())
     ops.post_forward(state, plan)
@@ -121,6 +130,8 @@ def build(layout: str, realkv: str, reqs: int, ctx: int, *, scattered=False, win
     plan.prefix_lens.fill_(ctx - 1)
     plan.extend_lens.fill_(1)
     decode_ids = tokens[:, ctx - 1].contiguous()
+    if REQUEST_SIDE:
+        plan.out_cache_loc = r2t[plan.req_pool_indices, ctx - 1].to(torch.int64)
     if expected:
         # The sampled-token check of a decode: each request's sampled token for position ctx - 1.
         state.sampled_tokens = torch.full((reqs + 1,), -1, dtype=torch.int32, device=DEV)
@@ -496,11 +507,13 @@ def main():
                         help="layers per fingerprinted half (realkv partial/all read them through the layer table)")
     parser.add_argument("--layer-buffers", type=int, default=LAYER_BUFFERS,
                         help="distinct KV buffers behind the layers (the rest alias them round-robin)")
+    parser.add_argument("--request-side", action="store_true",
+                        help="plans with the target's identity and write-slot checks on (issue 21's cost)")
     args = parser.parse_args()
-    globals().update(LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers)
+    globals().update(LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers, REQUEST_SIDE=args.request_side)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "layers": args.layers, "layer_buffers": args.layer_buffers,
+               "layers": args.layers, "layer_buffers": args.layer_buffers, "request_side": REQUEST_SIDE,
                "command": "PYTHONPATH=$PWD python " + " ".join(sys.argv)}
     start = time.time()
     copy_bw = copy_bandwidth()

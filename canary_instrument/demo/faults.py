@@ -20,6 +20,7 @@ import torch
 
 # Reason names as the runtime reports them (canary_instrument.runtime.state.REASON_NAMES).
 POSITION, LINK, FINGERPRINT, TOKEN, SWA_UNMAPPED = "position", "link", "fingerprint", "token", "swa_unmapped"
+IDENTITY, WRITE_SLOT, FREED = "identity", "write_slot", "freed"
 UNWRITTEN, ROW_BITS = "unwritten", "row_bits"
 
 
@@ -158,7 +159,7 @@ def use_after_free(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
     position = rng.randrange(req.cached_len)
     slot = _slot(engine, req, position)
     engine.scheduler.allocator.free(torch.tensor([slot], dtype=torch.int64, device=engine.scheduler.device))
-    return f"req {req.rid} position {position}: slot {slot} freed while in use", {POSITION, LINK}
+    return f"req {req.rid} position {position}: slot {slot} freed while in use", {POSITION, LINK, FREED}
 
 
 def eagle_offset(engine, rng, forward_batch=None, batch=None, **_) -> Optional[tuple[str, frozenset]]:
@@ -227,6 +228,9 @@ FAULTS: dict[str, Fault] = {
         _perturbation("kv_flip_after_write", "KV bit flipped after write", "real_kv_post_forward", {FINGERPRINT}),
         _perturbation("idle_cache_flip", "cached KV bit flipped while idle", "real_kv_unused_cache", {FINGERPRINT}),
         _perturbation("token_swap", "two requests' tokens swapped", "next_token_swap", {TOKEN}),
+        _perturbation("req_row_swap", "two requests' rows swapped", "req_row_swap", {IDENTITY}),
+        _perturbation("write_slot", "KV written to a wrong slot", "write_slot", {WRITE_SLOT}),
+        _perturbation("premature_free", "slot freed while read", "premature_free", {FREED}),
         _perturbation("layer_flip", "KV bit flipped in any layer", "real_kv_layer", {FINGERPRINT}),
         _perturbation("fingerprint_zeroed", "fingerprint zeroed, KV flipped", "fingerprint_zeroed", {UNWRITTEN}),
         _perturbation("row_high_bit", "row token bit 32-63 flipped", "row_high_bit", {ROW_BITS}),

@@ -74,6 +74,20 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     )
     if settings.real_kv == "partial":
         cursor_table(state)  # the rotation's per-request layer cursor, allocated before any graph capture
+    side = None
+    if not is_draft:
+        from canary_instrument.runtime.request_side import RequestSide, make_identity_table, wrap_allocators
+
+        # Request identity needs the req-pool allocation wrapped (a new occupant's entry starts empty).
+        state.identity = make_identity_table(req_to_token.shape[0], device)
+        side = RequestSide(state)
+        rows_wrapped, free_wrapped = wrap_allocators(model_runner, side)
+        if not rows_wrapped:
+            state.identity = None
+            logger.warning("kv canary: %s has no alloc to wrap; the request-identity check is off",
+                           type(model_runner.req_to_token_pool).__qualname__)
+        if not rows_wrapped and not free_wrapped:
+            side = None
     manager = CanaryManager(
         settings=settings,
         state=state,
@@ -83,6 +97,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         sampled_tokens=sampled,
         process_group=find_process_group(model_runner),
     )
+    manager.request_side = side
     bracket_model_forward(model, manager)
     if sampled is not None:
         wrap_sample(model_runner, manager)

@@ -194,6 +194,9 @@ class CanaryManager:
         self.state = state
         self.is_draft = state.token_offset == 1
         self.radix_cache: Any = None
+        # Req-pool allocations and KV frees noted by the allocator wrappers (request_side.py); applied at
+        # the next forward site's entry, on the forward's stream.
+        self.request_side: Any = None
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._readback = DelayedReadback(self._status, state.ring)
         # Post-forward passes planned by the end of step s, at s % _STEPS_REMEMBERED, for the last steps:
@@ -283,7 +286,7 @@ class CanaryManager:
         (The published mirror is pinned host memory, not counted here.)"""
         state = self.state
         buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens,
-                   state.sample_staging, state.sample_rows]
+                   state.sample_staging, state.sample_rows, state.identity]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
@@ -746,6 +749,9 @@ class _Site:
 
     def __enter__(self) -> Any:
         manager = self._manager
+        side = manager.request_side
+        if side is not None and side.pending and self.listing is not None:
+            side.apply()  # before this forward, after every forward launched before the allocations and frees
         if self._ready and manager._fast and manager._open is None and manager._active is None:
             batch = self.batch
             try:  # plain attribute reads (getattr with a default is a call); a batch without them goes general

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from canary_instrument.runtime.errors import CanaryWiringError
-from canary_instrument.runtime.state import PlanInputs
+from canary_instrument.runtime.state import IDENTITY_FIRST_NEW, IDENTITY_LAST_NEW, IDENTITY_OFF, PlanInputs
 
 DECODE = "decode"
 EXTEND = "extend"
@@ -95,6 +95,18 @@ def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: 
     kind = forward_kind(forward_batch)
     if kind == IDLE:
         return None
+    plan = _plan(forward_batch, kind, enabled, index, draft)
+    if not draft:
+        # Request identity and the write side (target only: a draft worker's rows past the target's are
+        # guesses its draft-extend rewrites, and its draft steps' out_cache_loc is not one slot per input id).
+        plan.identity = IDENTITY_FIRST_NEW if kind == TARGET_VERIFY else IDENTITY_LAST_NEW
+        plan.out_cache_loc = getattr(forward_batch, "out_cache_loc", None)
+    else:
+        plan.identity = IDENTITY_OFF
+    return plan
+
+
+def _plan(forward_batch: Any, kind: str, enabled: Any, index: int, draft: bool) -> PlanInputs:
     bs = int(forward_batch.batch_size)
     rpi = forward_batch.req_pool_indices
     if kind == DECODE:

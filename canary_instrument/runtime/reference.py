@@ -33,6 +33,15 @@ Semantics beyond docs/architecture.md, shared by both backends:
   ``target_rows`` (draft worker), the pre-forward pass compares each position
   ``p < prefix - target_margin`` with the token of the target's row of position ``p + 1``
   (slot ``req_to_token[r, p + 1]`` inside ``(0, target slots)``).
+- Request side (FULL group, K half; docs/kernels.md, "Request identity, the write side and freed
+  slots"): with ``identity`` and a plan whose ``identity`` is on, the pre-forward pass reports IDENTITY
+  where the position equals the request's entry and the row's link or token differs from it (stored/
+  expected: the link, else the token), and the post-forward pass records each request's entry at
+  the position it keeps, from the row as read back (-1 where the slot there is unresolvable). With
+  ``out_cache_loc`` the post-forward pass reports WRITE_SLOT where a new position's written slot
+  differs from its ``req_to_token`` entry (stored: the written slot, expected: the entry). IDENTITY
+  and WRITE_SLOT give stored/expected only when no other reason of the entry does.
+- A row whose position is ``FREED_POSITION`` is reported FREED instead of POSITION, in every group.
 """
 
 from __future__ import annotations
@@ -44,6 +53,11 @@ import torch
 from . import hashing, layers
 from .state import (
     FINGERPRINT,
+    FREED,
+    FREED_POSITION,
+    IDENTITY,
+    IDENTITY_FIRST_NEW,
+    WRITE_SLOT,
     GROUP_SWA,
     KERNEL_POST,
     KERNEL_PRE,
@@ -71,6 +85,8 @@ class _Batch:
     token_base: torch.Tensor  # int64 [n]: first input id of each request (padding rows counted)
     check_sampled: bool
     target_margin: int
+    identity: int
+    out_cache_loc: torch.Tensor | None
 
 
 @dataclass
@@ -141,6 +157,8 @@ def _batch(plan: PlanInputs) -> _Batch:
         token_base=token_base[live],
         check_sampled=plan.check_sampled,
         target_margin=plan.target_margin,
+        identity=plan.identity,
+        out_cache_loc=plan.out_cache_loc,
     )
 
 
@@ -253,8 +271,13 @@ def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batc
         + unwritten.long() * UNWRITTEN
         + row_bits.long() * ROW_BITS
     )
+    # Request identity, write side, freed slots: docs/architecture.md, "Request identity and the write side".
+    identity_bits, id_stored, id_expected = _identity_and_write_side(
+        state, group, kernel_id, batch, req, pos, slots, row)
+    freed = ok & (row[:, 1] == FREED_POSITION)
+    reasons = torch.where(freed, (reasons & ~POSITION) | FREED, reasons) | identity_bits
     # stored/expected of the first failing field in reason-bit order: apply from last to first.
-    stored, expected = zero, zero
+    stored, expected = id_stored, id_expected
     for bad, s, e in (
         (row_bits, row[:, 0], row[:, 0] & 0xFFFFFFFF),
         (unwritten, zero, zero),
@@ -268,6 +291,53 @@ def _verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batc
         stored = torch.where(bad, s, stored)
         expected = torch.where(bad, e, expected)
     return _records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected), slots
+
+
+def _identity_and_write_side(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: _Batch,
+                             req: torch.Tensor, pos: torch.Tensor, slots: _Slots, row: torch.Tensor):
+    """IDENTITY (pre-forward: the row at the position the request's identity entry names must hold the token
+    and link its last forward left there) and WRITE_SLOT (post-forward: each new position's slot in
+    req_to_token must be the slot the forward wrote, out_cache_loc), on the FULL group's K half only.
+    Returns (bits, stored, expected) with stored/expected of the first of them that fails."""
+    zero = torch.zeros_like(pos)
+    bits = zero.clone()
+    stored, expected = zero.clone(), zero.clone()
+    if group.group != 0 or group.half != 0:
+        return bits, stored, expected
+    req_pool = batch.req_pool[req]
+    if kernel_id == KERNEL_PRE and state.identity is not None and batch.identity != 0:
+        entry = state.identity[req_pool]
+        due = slots.ok & (entry[:, 0] >= 0) & (pos == entry[:, 0])
+        bad_link = row[:, 2] != entry[:, 2]
+        bad = due & (bad_link | (row[:, 0] != entry[:, 1]))
+        bits = bits | bad.long() * IDENTITY
+        stored = torch.where(bad, torch.where(bad_link, row[:, 2], row[:, 0]), stored)
+        expected = torch.where(bad, torch.where(bad_link, entry[:, 2], entry[:, 1]), expected)
+    if kernel_id == KERNEL_POST and batch.out_cache_loc is not None:
+        written = batch.out_cache_loc.reshape(-1)[batch.token_base[req] + pos - batch.prefix[req]].long()
+        bad = written != slots.full_raw
+        bits = bits | bad.long() * WRITE_SLOT
+        stored = torch.where(bad, written, stored)
+        expected = torch.where(bad, slots.full_raw, expected)
+    return bits, stored, expected
+
+
+def _record_identity(state: CanaryState, batch: _Batch) -> None:
+    """Post-forward: each request's identity entry becomes (position, token, link) of the FULL K row at the
+    position its forward keeps (the last new one; a target verify's first), read back as written; an
+    unresolvable slot there leaves no entry (-1)."""
+    if state.identity is None or batch.identity == 0:
+        return
+    has_new = batch.extend > 0
+    if not bool(has_new.any()):
+        return
+    req_pool = batch.req_pool[has_new]
+    prefix, extend = batch.prefix[has_new], batch.extend[has_new]
+    at = prefix if batch.identity == IDENTITY_FIRST_NEW else prefix + extend - 1
+    slots = _resolve(state, state.groups[0], req_pool, at)
+    row = state.groups[0].rows[slots.slot]
+    entry = torch.stack([at, row[:, 0], row[:, 2]], dim=1)
+    state.identity[req_pool] = torch.where(slots.ok[:, None], entry, torch.full_like(entry, -1))
 
 
 def _append(state: CanaryState, records: list[torch.Tensor]) -> None:
@@ -418,6 +488,7 @@ def post_forward(state: CanaryState, plan: PlanInputs) -> None:
     if state.realkv == "partial":
         # The next pre-forward pass of each request that wrote fingerprints the next layer.
         layers.cursor_table(state)[batch.req_pool[batch.extend > 0]] += 1
+    _record_identity(state, batch)
     if state.sampled_tokens is not None:
         # Consumed: an entry is only ever checked by the forward right after the sample that wrote it.
         state.sampled_tokens[batch.req_pool[batch.extend > 0]] = -1

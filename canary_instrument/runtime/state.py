@@ -20,6 +20,10 @@ FINGERPRINT = 4
 TOKEN = 8
 SWA_UNMAPPED = 16
 PADDING_SLOT = 32
+# Request identity, write side and freed slots (docs/architecture.md, "Request identity and the write side").
+IDENTITY = 64
+WRITE_SLOT = 128
+FREED = 256
 # A verified row misses a piece it must hold: a zero link (never written, or zeroed), or a zero
 # fingerprint word where the design says one is due (docs/kernels.md, "Complete rows").
 UNWRITTEN = 512
@@ -32,9 +36,20 @@ REASON_NAMES = {
     TOKEN: "token",
     SWA_UNMAPPED: "swa_unmapped",
     PADDING_SLOT: "padding_slot",
+    IDENTITY: "identity",
+    WRITE_SLOT: "write_slot",
+    FREED: "freed",
     UNWRITTEN: "unwritten",
     ROW_BITS: "row_bits",
 }
+
+# A canary row whose slot the KV allocator freed carries this position until its next writer rewrites it.
+FREED_POSITION = -2
+# Identity table (CanaryState.identity): int64 [req-pool rows, 3] = (position, token, link) of the row the
+# request's last forward wrote at the position it keeps; position -1 = none yet (a row just allocated).
+IDENTITY_FIELDS = 3
+# PlanInputs.identity: which new position a forward records in the identity table.
+IDENTITY_OFF, IDENTITY_LAST_NEW, IDENTITY_FIRST_NEW = 0, 1, 2
 
 # Kernel ids in violation records.
 KERNEL_PRE = 1
@@ -93,6 +108,12 @@ class PlanInputs:
     check_sampled: bool = False
     # Draft worker: verify positions p < prefix - margin against the target's token at p + 1; -1 = off.
     target_margin: int = -1
+    # Request identity: IDENTITY_LAST_NEW (extend, decode: every new position is kept), IDENTITY_FIRST_NEW
+    # (target verify: only the first is; the rest are draft guesses), IDENTITY_OFF (draft worker).
+    identity: int = 0
+    # Write side: the slots the forward writes its new tokens' KV to, one per input id (the batch's
+    # ``out_cache_loc``); None = not checked.
+    out_cache_loc: Optional["torch.Tensor"] = None
 
 
 @dataclass
@@ -137,4 +158,6 @@ class CanaryState:
     # None: no publish.
     published: Optional["torch.Tensor"] = None
     publish_done: Optional["torch.Tensor"] = None  # int64 [1] device: programs of the running pass checked in
+    # Target: int64 [req-pool rows, IDENTITY_FIELDS], the request-identity table (None = no identity check).
+    identity: Optional["torch.Tensor"] = None
     extra: dict = field(default_factory=dict)

@@ -9,7 +9,8 @@ Semantics, per sweep row (slot, position, prev_slot) and per (group, half):
 - SWA group: the row is ``swa_mapping[slot]``; 0 means out of the window, and the row is skipped
   (not verified, not counted). A value outside ``[0, swa_slots)`` is SWA_UNMAPPED (record slot =
   the full slot, stored = the mapping value).
-- POSITION: the row's position differs from the walked position.
+- POSITION: the row's position differs from the walked position (FREED instead where it reads as freed:
+  the cache holds a slot the allocator freed).
 - LINK: position 0 must hold the chain seed; position p > 0 must hold the link derived from the
   predecessor's row, checked only where the predecessor is known (``0 < prev_slot < full_slots``,
   and in the SWA group mapped to a valid SWA row).
@@ -32,6 +33,8 @@ from . import hashing
 from .reference import check_fingerprints
 from .state import (
     FINGERPRINT,
+    FREED,
+    FREED_POSITION,
     GROUP_SWA,
     KERNEL_SWEEP,
     LINK,
@@ -105,6 +108,9 @@ def sweep(state: CanaryState, buffers: SweepBuffers) -> None:
             + unwritten.long() * UNWRITTEN
             + row_bits.long() * ROW_BITS
         )
+        # A freed row the cache still holds: FREED, not POSITION (a cache that frees what it keeps).
+        freed = ok & (row[:, 1] == FREED_POSITION)
+        reasons = torch.where(freed, (reasons & ~POSITION) | FREED, reasons)
         stored, expected = zero, zero
         for bad, s, e in (
             (row_bits, row[:, 0], row[:, 0] & 0xFFFFFFFF),

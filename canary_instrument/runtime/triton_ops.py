@@ -185,6 +185,12 @@ class TritonCanaryOps:
             args += [state.sampled_tokens, state.sample_staging, state.sample_rows, state.sample_staging.shape[0]]
         else:
             args += [state.req_to_token, state.req_to_token, state.req_to_token, 0]
+        ring = self._scratch(state, "ring", (1, 8))
+        # Request identity and the write side: an int64 stand-in pointer where a check is off (never read).
+        identity_mode = plan.identity if state.identity is not None else 0
+        out_loc = plan.out_cache_loc
+        args += [state.identity if identity_mode else ring, identity_mode,
+                 out_loc if out_loc is not None else ring, int(out_loc is not None)]
         for g in state.groups:
             args.append(g.rows)
             if spec.realkv != "none":
@@ -193,7 +199,6 @@ class TritonCanaryOps:
             swa_rows = next(g.rows.shape[0] for g in state.groups if g.group == 1)
             args += [state.swa_mapping, swa_rows, state.swa_window]
         args.append(layers.cursor_table(state))
-        ring = self._scratch(state, "ring", (1, 8))
         args += [
             ring, self._scratch(state, "ring_count", (1,)),
             self._scratch(state, "counters", (4,)), self._scratch(state, "group_verified", (2,)),

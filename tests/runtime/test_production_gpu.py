@@ -14,6 +14,7 @@ from canary_instrument.runtime.sweep_triton import TritonSweepOps
 
 from .radix_trees import CompressedRadixCache
 from .test_perturb_kinds import forward_batch, records
+from .test_perturb_request_side import with_request_side
 
 pytestmark = pytest.mark.gpu
 
@@ -47,6 +48,7 @@ def _to_cuda(fb):
 def test_hooks_and_sweep_run_without_a_host_sync(layout, decode):
     sc = cuda_scenario(layout, decode)
     fb = _to_cuda(forward_batch(sc, decode=decode))
+    with_request_side(sc, fb)  # identity entries, out_cache_loc and the free queue, as a target's manager keeps
     cache = CompressedRadixCache(device="cuda")
     for req in sc.requests:
         cache.insert(req.tokens[: req.prefix], req.full_slots[: req.prefix])
@@ -62,10 +64,20 @@ def test_hooks_and_sweep_run_without_a_host_sync(layout, decode):
         perturber.at_step_end(view)
         sweeper.maybe_sweep(1, cache)
     injections = perturber.drain()
-    assert {i.kind for i in injections} == set(KINDS) - ({"next_token_swap"} if not decode else set())
+    # next_token_swap acts on running requests (decode, verify) only; req_row_swap too, and it yields the
+    # forward to req_to_token (one rewrite of the table per forward).
+    skipped = {"req_row_swap"} | ({"next_token_swap"} if not decode else set())
+    assert {i.kind for i in injections} == set(KINDS) - skipped
     found = records(sc.state, 1)
-    result = score([i for i in injections if i.kind in ("req_to_token", "real_kv_used", "next_token_swap")], found)
+    same_forward = ("req_to_token", "real_kv_used", "next_token_swap", "req_row_swap", "write_slot")
+    result = score([i for i in injections if i.kind in same_forward], found)
     assert result.reported == result.injected > 0
+    if decode:
+        swap = Perturber(PerturbSettings(rates=(("req_row_swap", 1.0),), seed=2, warmup_steps=0), sc.state)
+        with no_host_sync():
+            swap.before_forward(ManagerView(step=2), fb)
+            swap.after_forward(ManagerView(step=2), fb)
+        assert [i.kind for i in swap.drain()] == ["req_row_swap"]
 
 
 def test_sweep_kernel_replays_in_a_cuda_graph_with_rows_staged_after_capture():

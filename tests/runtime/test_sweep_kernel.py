@@ -14,6 +14,8 @@ from canary_instrument.runtime import reference, sweep_reference
 from canary_instrument.runtime.layers import layer_words, store_fingerprint
 from canary_instrument.runtime.state import (
     FINGERPRINT,
+    FREED,
+    FREED_POSITION,
     GROUP_SWA,
     KERNEL_SWEEP,
     LINK,
@@ -98,6 +100,7 @@ def test_kernel_matches_reference(device, layout, v_half, realkv):
         layer_words(last_full, 2)[sc.requests[2].full_slots[9], 1] ^= 1 << 40
         store_fingerprint(sc.state.groups[0], sc.requests[2].full_slots[3], 1, 0)
     sc.state.groups[0].rows[sc.requests[0].full_slots[2], 0] ^= 1 << 45
+    sc.state.groups[0].rows[sc.requests[2].full_slots[6], 1] = FREED_POSITION  # freed, yet still in the cache
     ref, ref_buf = run_reference(sc, rows, capacity=len(rows) + 5)
     buf = buffers(rows, capacity=len(rows) + 5, device=device)
     TritonSweepOps(block=8, programs=3).sweep(sc.state, buf)
@@ -204,3 +207,13 @@ def test_count_above_capacity_is_clamped_and_empty_sweeps_count_a_launch(device)
     empty = buffers([], capacity=4, device=device)
     TritonSweepOps(block=8, programs=2).sweep(sc.state, empty)
     assert empty.counters.tolist() == [1, 0, 0]
+
+
+def test_freed_row_the_cache_still_holds_is_a_freed_violation():
+    """A cache that keeps a slot the allocator freed: FREED (not POSITION) where the row is read, LINK after it."""
+    sc = written_scenario("mha", False, "partial")
+    s = sc.requests[2].full_slots
+    sc.state.groups[0].rows[s[6], 1] = FREED_POSITION
+    ref, _ = run_reference(sc, request_rows(sc))
+    assert _reasons_at(ref.state, s[6], 6) == {(0, FREED)}
+    assert _reasons_at(ref.state, s[7], 7) == {(0, LINK)}

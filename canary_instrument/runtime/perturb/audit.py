@@ -9,6 +9,8 @@ sweep has passed over the cache, ``audit`` sorts every missed injection into
 
 - ``overwritten``: the slot's stored fingerprint matches its KV again (rewritten since);
 - ``unreachable``: still corrupt, but neither the cache nor a request holds the slot (freed);
+- (``premature_free``: ``overwritten`` when the row no longer reads as freed, ``unreachable`` when
+  nothing holds the slot);
 - ``undetected``: still corrupt and still held, or a kind whose reader is the very forward it
   corrupted: a real miss.
 
@@ -52,12 +54,20 @@ def audit(result: Score, state: Any, cache: Any = None, running_slots: Iterable[
     from canary_instrument.runtime import hashing
     from canary_instrument.runtime.layers import layer_words, stored_fingerprint
     from canary_instrument.runtime.perturb.base import fingerprinted_bytes
+    from canary_instrument.runtime.state import FREED_POSITION
 
     out: dict[str, list] = {"overwritten": [], "unreachable": [], "undetected": []}
     full_held = held_slots(cache) | {int(s) for s in running_slots}
     words = fingerprinted_bytes(state) // 8 if state.realkv != "none" else 0
     for kind in result.kinds.values():
         for injection in kind.missed:
+            if injection.kind == "premature_free":
+                # Rewritten by the slot's next writer after the engine's own free, else freed and unread.
+                if int(state.groups[0].rows[injection.slot, 1]) != FREED_POSITION:
+                    out["overwritten"].append(injection)
+                else:
+                    out["undetected" if injection.slot in full_held else "unreachable"].append(injection)
+                continue
             if injection.kind not in _REAL_KV:
                 out["undetected"].append(injection)
                 continue

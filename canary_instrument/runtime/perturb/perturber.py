@@ -27,13 +27,18 @@ from canary_instrument.runtime.perturb.next_token_swap import NextTokenSwap
 from canary_instrument.runtime.perturb.canary_rows import FingerprintZeroed, RowHighBit
 from canary_instrument.runtime.perturb.real_kv import RealKvLayer, RealKvPostForward, RealKvUnusedCache, RealKvUsed
 from canary_instrument.runtime.perturb.req_to_token import ReqToTokenRemap
+from canary_instrument.runtime.perturb.request_side import PrematureFree, ReqRowSwap, WriteSlot
 from canary_instrument.runtime.perturb.settings import KINDS, PerturbSettings
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 KIND_CLASSES = {cls.name: cls for cls in (ReqToTokenRemap, RealKvUsed, RealKvUnusedCache, RealKvPostForward,
-                                          NextTokenSwap, RealKvLayer, FingerprintZeroed, RowHighBit)}
+                                          NextTokenSwap, RealKvLayer, FingerprintZeroed, RowHighBit, ReqRowSwap,
+                                          WriteSlot, PrematureFree)}
 HOOKS = ("before_forward", "after_forward", "step_end")
+# Kinds that rewrite req_to_token entries: at most one of them per forward (a row swap would carry a remapped
+# entry to the other request, whose report then names neither injection).
+_REWRITE_TABLE = frozenset(("req_to_token", "req_row_swap"))
 _CORE_FACTS = ("slot", "req", "applied")
 _MAX_KEPT = 100_000  # injections kept for drain(); the log has them all
 
@@ -60,9 +65,13 @@ def check_usable(settings: PerturbSettings, state: Any) -> None:
         raise ValueError("kv canary perturbation next_token_swap needs the token check (kv_canary_token_check on, "
                          "and a model runner with a sample method): without the sampled-token table a swapped token "
                          "cannot be reported")
+    if "req_row_swap" in kinds and state.identity is None:
+        raise ValueError("kv canary perturbation req_row_swap needs the request-identity table (a target whose "
+                         "req_to_token_pool has an alloc the canary wraps): without it a swap cannot be reported")
     if settings.target_group == "swa" and real_kv and state.layout != "swa":
         raise ValueError(f"kv canary perturbation target group 'swa' needs an SWA pool; this pool is {state.layout}")
-    if {"req_to_token", "real_kv_used", "real_kv_layer", "fingerprint_zeroed", "row_high_bit"} & set(kinds):
+    if {"req_to_token", "real_kv_used", "real_kv_layer", "fingerprint_zeroed", "row_high_bit", "req_row_swap",
+        "premature_free"} & set(kinds):
         if not state.req_to_token.is_contiguous():
             raise ValueError("kv canary perturbations need a contiguous req_to_token table")
 
@@ -130,7 +139,10 @@ class Perturber:
 
     def _run(self, hook: str, step: int, forward_batch: Any = None, cache: Any = None) -> None:
         if step > self.settings.warmup_steps:
+            table_changed = False
             for impl, rate, ctx in self._hooks[hook]:
+                if table_changed and impl.name in _REWRITE_TABLE:
+                    continue  # one req_to_token rewrite per forward: a second would move the first's report
                 if self.limit is not None and self.counts[impl.name] >= self.limit:
                     continue
                 if ctx.rng.random() >= rate:
@@ -141,6 +153,7 @@ class Perturber:
                 planned = impl.inject(ctx, step, forward_batch=forward_batch, cache=cache)
                 if planned is not None:
                     self._submit(planned)
+                    table_changed = table_changed or impl.name in _REWRITE_TABLE
         self._facts.poll()
 
     def _restore(self) -> None:

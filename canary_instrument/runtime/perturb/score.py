@@ -9,6 +9,9 @@ An injection is reported by a violation of the same or a later step that names w
 | fingerprint_zeroed | the slot, in the same group and half, reason ``unwritten`` |
 | row_high_bit | the slot, in the same group and half, reason ``row_bits`` |
 | next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
+| req_row_swap | reason ``identity``, ``link``, ``position`` or ``swa_unmapped`` of either request (the longer one reads the shorter one's slots, outside whose window the SWA group holds nothing; the shorter one's row at ``length`` chains from the other's history) |
+| write_slot | reason ``write_slot`` at either swapped (request, position) |
+| premature_free | reason ``freed`` at the freed slot (FULL group), or ``link`` at the next position in the same forward |
 
 Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
 applied injection is *unattributed*: on a healthy engine there must be none.
@@ -56,6 +59,19 @@ def matches(injection: Injection, violation: Violation) -> bool:
         else:
             slots = {injection.slot, injection.get("other_slot")}
         return (violation.req_pool_index, violation.position) in at or violation.slot in slots
+    if injection.kind == "req_row_swap":
+        return violation.req_pool_index in (injection.req, injection.get("other_req")) and bool(
+            {"identity", "link", "position", "swa_unmapped"} & set(reasons))
+    if injection.kind == "write_slot":
+        at = {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
+        return "write_slot" in reasons and (violation.req_pool_index, violation.position) in at
+    if injection.kind == "premature_free":
+        if violation.group != "full":
+            return False
+        if "freed" in reasons and violation.slot == injection.slot:
+            return True
+        # The next position's link derives from the freed row (any request reading the slot as position p).
+        return "link" in reasons and violation.position == injection.position + 1 and violation.step == injection.step
     return False
 
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 # One per perturbation kind, in the order they are documented (docs/runtime.md, section 13).
 KINDS = ("req_to_token", "real_kv_used", "real_kv_unused_cache", "real_kv_post_forward", "next_token_swap",
-         "real_kv_layer", "fingerprint_zeroed", "row_high_bit")
+         "real_kv_layer", "fingerprint_zeroed", "row_high_bit", "req_row_swap", "write_slot", "premature_free")
 TARGET_GROUPS = ("any", "full", "swa")
 OFF = ("", "off", "none", "0")
 

@@ -1,0 +1,149 @@
+"""Host side of the request-identity and freed-slot checks: wrappers on the engine's allocators.
+
+The identity table (``CanaryState.identity``, one entry per req-pool row) must start empty for each
+new occupant of a row, and a KV slot the allocator frees must read as freed to any request that
+still reads it. Both are engine events on the host: the req-pool row allocation (sglang's
+``ReqToTokenPool.alloc_rows``, else ``alloc``) and the KV free (``TokenToKVPoolAllocator.free``; on
+an SWA allocator its full-attention allocator's, which every full free goes through). They are
+wrapped on the instance and only noted; the device ops run at the entry of the target's next
+forward site, on the forward's stream. So the previous occupant's last forward and the finishing
+request's in-flight forward (enqueued before the event, as sglang's overlap scheduler does) never
+see them, and the next forward that could read the row or slot does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+from canary_instrument.runtime.instance_wrap import remember, unbind
+from canary_instrument.runtime.state import FREED_POSITION, GROUP_FULL
+
+_MARK = "__kv_canary_request_side__"
+
+
+class RequestSide:
+    """Allocations and frees noted since the last forward, applied by ``apply`` before the next one."""
+
+    def __init__(self, state: Any):
+        self.state = state
+        self.new_rows: list = []  # req-pool rows handed to new requests (ints, or device tensors)
+        self.freed: list = []  # device tensors of freed KV slots (copies: the engine may reuse its buffer)
+        self.pending = False
+        import torch
+
+        self._slot_dtype = torch.int64
+
+    def on_alloc(self, rows: Any) -> None:
+        if rows is None or self.state.identity is None:
+            return
+        if hasattr(rows, "clone"):
+            self.new_rows.append(rows.reshape(-1).clone())
+        elif len(rows):
+            self.new_rows.extend(int(r) for r in rows)
+        self.pending = bool(self.new_rows) or bool(self.freed)
+
+    def on_free(self, free_index: Any) -> None:
+        if free_index is None or not hasattr(free_index, "numel") or free_index.numel() == 0:
+            return
+        self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
+        self.pending = True
+
+    def apply(self) -> None:
+        """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
+        import torch
+
+        state = self.state
+        rows, self.new_rows = self.new_rows, []
+        freed, self.freed = self.freed, []
+        self.pending = False
+        if rows and state.identity is not None:
+            device = state.identity.device
+            ints = [r for r in rows if isinstance(r, int)]
+            tensors = [r.to(device=device, dtype=torch.int64) for r in rows if not isinstance(r, int)]
+            if ints:
+                tensors.append(_host_to_device(ints, device))
+            state.identity.index_fill_(0, torch.cat(tensors), -1)
+        if freed:
+            mark_freed(state, freed[0] if len(freed) == 1 else torch.cat(freed))
+
+
+def mark_freed(state: Any, slots: Any) -> None:
+    """Make the FULL group's rows of ``slots`` (a device int tensor) read as freed; the FULL group verifies
+    every position an SWA request reads, so the SWA group's rows are left alone."""
+    import torch
+
+    full = [g for g in state.groups if g.group == GROUP_FULL]
+    n = full[0].rows.shape[0]
+    slots = slots.to(device=full[0].rows.device, dtype=torch.int64)
+    # Out-of-range entries go to slot 0, the padding row nobody verifies (no host sync to drop them).
+    slots = torch.where((slots > 0) & (slots < n), slots, 0)
+    for group in full:
+        group.rows[:, 1].index_fill_(0, slots, FREED_POSITION)
+
+
+def _host_to_device(values: list, device: Any) -> Any:
+    import torch
+
+    host = torch.tensor(values, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def _wrap(obj: Any, name: str, note: Any) -> bool:
+    """Replace ``obj.name`` (on the instance) by a call that runs it, then ``note(args, result)``."""
+    original, owner = unbind(obj, name)
+    if original is None:
+        return False
+    if getattr(original, _MARK, False):  # a canary reinstalled on the same engine: wrap the engine's own
+        obj.__dict__.pop(name, None)
+        original, owner = unbind(obj, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs) if owner is None else original(owner(), *args, **kwargs)
+        note(args, kwargs, result)
+        return result
+
+    functools.update_wrapper(call, original, updated=())
+    del call.__wrapped__
+    setattr(call, _MARK, True)
+    remember(call, original, owner)
+    setattr(obj, name, call)
+    return True
+
+
+def wrap_allocators(model_runner: Any, side: RequestSide) -> tuple[bool, bool]:
+    """Wrap the req-pool row allocation and the KV free; returns (rows wrapped, free wrapped)."""
+    pool = getattr(model_runner, "req_to_token_pool", None)
+    rows_wrapped = False
+    if pool is not None:
+        name = "alloc_rows" if callable(getattr(pool, "alloc_rows", None)) else "alloc"
+        rows_wrapped = _wrap(pool, name, lambda args, kwargs, result: side.on_alloc(result))
+    allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
+    allocator = getattr(allocator, "full_attn_allocator", None) or allocator
+    free_wrapped = False
+    if allocator is not None:
+        free_wrapped = _wrap(allocator, "free", lambda args, kwargs, result: side.on_free(
+            args[0] if args else kwargs.get("free_index")))
+    return rows_wrapped, free_wrapped
+
+
+def unwrap_allocators(model_runner: Any) -> None:
+    """Undo ``wrap_allocators`` (tests, and engines that rebuild their runner)."""
+    allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
+    targets = [(getattr(model_runner, "req_to_token_pool", None), ("alloc_rows", "alloc")),
+               (getattr(allocator, "full_attn_allocator", None) or allocator, ("free",))]
+    for obj, names in targets:
+        for name in names:
+            value = getattr(obj, "__dict__", {}).get(name) if obj is not None else None
+            if value is not None and getattr(value, _MARK, False):
+                del obj.__dict__[name]
+
+
+def make_identity_table(rows: int, device: Any) -> Optional[Any]:
+    import torch
+
+    from canary_instrument.runtime.state import IDENTITY_FIELDS
+
+    return torch.full((int(rows), IDENTITY_FIELDS), -1, dtype=torch.int64, device=device)

@@ -1,0 +1,100 @@
+"""The request-side perturbation kinds on small real tensors: what each corrupts and restores, and that the
+reference passes report it with its own reason (identity, write_slot, freed), scored from the records."""
+
+import pytest
+import torch
+
+from canary_instrument.runtime import reference
+from canary_instrument.runtime.perturb import score
+from canary_instrument.runtime.request_side import RequestSide
+from canary_instrument.runtime.state import IDENTITY_FIELDS, IDENTITY_LAST_NEW
+
+from .test_perturb_kinds import forward_batch, next_step, one_step, perturber, records, scenario
+
+LAYOUTS = ["mha", "mla", "swa"]
+
+
+def with_request_side(sc, fb):
+    """The buffers a target's manager keeps: identity entries as the requests' last forwards left them, the
+    batch's out_cache_loc in the plan, and the allocator-side queue the free wrapper feeds."""
+    state, rows = sc.state, sc.state.groups[0].rows
+    state.identity = torch.full((state.req_to_token.shape[0], IDENTITY_FIELDS), -1, dtype=torch.int64,
+                                device=state.req_to_token.device)
+    for req in sc.requests:
+        slot = req.full_slots[req.prefix - 1]
+        state.identity[req.pool_index] = torch.tensor([req.prefix - 1, int(rows[slot, 0]), int(rows[slot, 2])])
+    sc.plan.identity = IDENTITY_LAST_NEW
+    sc.plan.out_cache_loc = fb.out_cache_loc
+    return RequestSide(state)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_req_row_swap_is_an_identity_violation_that_forward_and_restored(layout, seed):
+    sc = scenario(layout, decode=True, v_half=layout != "mla", seed=seed)
+    fb = forward_batch(sc, decode=True)
+    with_request_side(sc, fb)
+    table = sc.state.req_to_token.clone()
+    pert = perturber("req_row_swap", sc.state, seed)
+    found = one_step(sc, fb, pert)
+    assert torch.equal(sc.state.req_to_token, table), "the rows must be restored after the forward"
+    [injection] = pert.drain()
+    assert injection.applied and injection.position == injection.get("length") - 1
+    identity_hits = {(v.req_pool_index, v.position) for v in found if "identity" in v.reasons}
+    assert (injection.req, injection.position) in identity_hits
+    result = score([injection], found)
+    assert (result.reported, result.kinds["req_row_swap"].delays, result.unattributed) == (1, [0], [])
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_write_slot_is_a_write_slot_violation_at_both_positions(layout, seed):
+    sc = scenario(layout, v_half=layout != "mla", seed=seed)
+    fb = forward_batch(sc)
+    with_request_side(sc, fb)
+    before = fb.out_cache_loc.clone()
+    pert = perturber("write_slot", sc.state, seed)
+    found = one_step(sc, fb, pert)
+    assert torch.equal(fb.out_cache_loc, before), "out_cache_loc must be restored after the forward"
+    [injection] = pert.drain()
+    hits = {(v.req_pool_index, v.position) for v in found if "write_slot" in v.reasons}
+    assert hits == {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
+    result = score([injection], found)
+    assert (result.reported, result.kinds["write_slot"].delays, result.unattributed) == (1, [0], [])
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_premature_free_is_a_freed_violation_that_forward_and_restored(layout, seed):
+    sc = scenario(layout, v_half=layout != "mla", seed=seed)
+    fb = forward_batch(sc)
+    with_request_side(sc, fb)
+    rows = [g.rows.clone() for g in sc.state.groups]
+    pert = perturber("premature_free", sc.state, seed)
+    found = one_step(sc, fb, pert)
+    [injection] = pert.drain()
+    freed = {(v.req_pool_index, v.position) for v in found if "freed" in v.reasons}
+    assert (injection.req, injection.position) in freed
+    assert not any("position" in v.reasons for v in found)
+    assert int(sc.state.groups[0].rows[injection.slot, 1]) == injection.position, "the mark is taken back"
+    result = score([injection], found)
+    assert (result.reported, result.kinds["premature_free"].delays, result.unattributed) == (1, [0], [])
+    next_step(sc)
+    since = int(sc.state.ring_count[0])
+    reference.pre_forward(sc.state, sc.plan, sc.input_ids)
+    assert records(sc.state, 2, since) == [], "nothing is left for the next forward to report"
+    assert len(rows) == len(sc.state.groups)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_req_row_swap_leaves_nothing_for_the_next_forward(layout, seed):
+    sc = scenario(layout, decode=True, v_half=layout != "mla", seed=seed)
+    fb = forward_batch(sc, decode=True)
+    with_request_side(sc, fb)
+    pert = perturber("req_row_swap", sc.state, seed)
+    assert one_step(sc, fb, pert)
+    next_step(sc)
+    since = int(sc.state.ring_count[0])
+    reference.pre_forward(sc.state, sc.plan, sc.input_ids)
+    assert records(sc.state, 2, since) == []
