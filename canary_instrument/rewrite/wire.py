@@ -16,6 +16,7 @@ from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.findings import (
     AMBIGUOUS_ROLE,
     MISSING_PLACEHOLDER,
+    STRAY_PLACEHOLDER,
     UNDEFINED_IN_WIRING,
     UNKNOWN_HAND_WIRING,
     UNREACHABLE_MANAGER,
@@ -135,6 +136,12 @@ def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
             result.findings.append(parsed.finding(
                 problem.node, AMBIGUOUS_ROLE,
                 f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
+            ))
+        elif problem.kind == "stray":
+            result.findings.append(parsed.finding(
+                problem.node, STRAY_PLACEHOLDER,
+                f"stray placeholder `{problem.name}` ({problem.detail}); left alone: no catalog role admits it "
+                "here (remove it, or add its site to the catalog)",
             ))
 
 
