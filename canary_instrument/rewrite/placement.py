@@ -102,9 +102,10 @@ def placement_findings(placements: list[Placement], catalog: Catalog) -> list[Fi
                 continue
             reported.add(role)
             hook = hooks[role]
+            statement = hook.statement.replace("{model_runner}", "model_runner").replace("{value}", "...")
             out.append(Finding(
                 placement.path, line, col, codes.HOOK_NOT_PLACED,
-                f"{role} hook not placed: {site} needs `{hook.statement}`, but {_place_wanted(hook, catalog)} "
+                f"{role} hook not placed: {site} needs `{statement}`, but {_place_wanted(hook, catalog)} "
                 "in the files read; add the statement where it belongs, or extend the catalog's hook "
                 "(--catalog or [tool.canary-instrument])",
             ))
