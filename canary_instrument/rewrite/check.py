@@ -21,7 +21,9 @@ from canary_instrument.rewrite.callgraph import CallGraph
 from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.locate import analyse
+from canary_instrument.rewrite.modules import module_files
 from canary_instrument.rewrite.parallel import Pair
+from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
 from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
 from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
@@ -42,8 +44,8 @@ class FileReport:
     when_wired: list[Finding] = field(default_factory=list)  # hold only if some site in the tree is wired
     when_unwired: list[Finding] = field(default_factory=list)  # hold only if no site in the tree is wired
     wired: bool = False  # a site in this file holds generated wiring
-    roles_expected: set[str] = field(default_factory=set)  # roles with a candidate location at this path
-    roles_located: set[str] = field(default_factory=set)  # roles whose site or hook is in this file
+    placement: Placement | None = None  # roles expected and located, hooks needed and placed (None: a path only)
+    handed: set[str] = field(default_factory=set)  # modules its model runner hands itself to for graph capture
     reach: ReachFacts | None = None  # CI301's facts: functions, calls, triggers (None: not in the call graph)
 
 
@@ -73,6 +75,7 @@ def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
     try:
         scan.files(files)
         if scan.memo is None:
+            scan.handed_off()
             scan.expand()
     finally:
         scan.pair.close()  # the child that read half the tree is no longer needed
@@ -83,7 +86,8 @@ def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
     else:
         reports = {key: r for key, r in scan.reports.items() if r is not None}
         result.files_analysed = len(reports)
-        result.findings.extend(tree_findings([r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]))
+        considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
+        result.findings.extend(tree_findings(considered, catalog))
         result.findings.extend(scan.uncovered(reports))
         result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
         result.errors.extend(scan.errors)
@@ -158,6 +162,25 @@ class _Scan:
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
 
+    def handed_off(self) -> None:
+        """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
+        are, they hold its after-capture hooks."""
+        handed = set().union(*(r.handed for r in self.reports.values() if r is not None))
+        while handed:
+            others = {Path(key): key for key, _ in self.others}
+            found = [others[path] for path in module_files(handed, others)]
+            handed = set()
+            self.others = [(key, st) for key, st in self.others if key not in found]
+            for key in found:
+                report = self.analyse(Path(key), self.data.get(key), SITES | REACH)
+                self.needs[key] = SITES | REACH
+                if isinstance(report, SourceError):
+                    self.errors.append(report)
+                    self.reports[key] = None
+                else:
+                    self.reports[key] = report
+                    handed |= report.handed
+
     def fingerprint(self) -> bytes | None:
         """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
         if self._fingerprint is None and self.cache is not None:
@@ -210,7 +233,7 @@ class _Scan:
             source = read_source(path) if data is None else decode_source(path, data)
             tree = parse_source(source)
             if not needs & SITES and not (needs & REACH and self.catalog.triggers):
-                return FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
+                return FileReport(path=path, placement=self._placement(path, needs))
             lines = split_lines(source.text)
             spans = []
             if needs & SITES:
@@ -220,12 +243,16 @@ class _Scan:
                 report = file_report(parsed, self.catalog)
                 spans = site_spans(parsed.analysis)
             else:
-                report = FileReport(path=path, roles_expected=self._roles(path) if needs & ROLES else set())
+                report = FileReport(path=path, placement=self._placement(path, needs))
             if needs & REACH and self.catalog.triggers:
                 report.reach = reach_facts(path, tree, lines, spans, self.catalog)
             return report
         except SourceError as error:
             return error
+
+    def _placement(self, path: Path, needs: int) -> Placement | None:
+        """A file at a catalog location that check does not analyse: the roles expected there."""
+        return Placement(path, self._roles(path)) if needs & ROLES else None
 
     def _roles(self, path: Path) -> set[str]:
         """The roles with a candidate location at this path (what locate reports as expected there)."""
@@ -371,20 +398,11 @@ def _read(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-def tree_findings(reports: list[FileReport]) -> list[Finding]:
+def tree_findings(reports: list[FileReport], catalog: Catalog) -> list[Finding]:
     """The findings of a whole tree from its files' reports."""
     wired = any(report.wired for report in reports)
-    located = set().union(*(report.roles_located for report in reports))
-    out: list[Finding] = []
-    reported_roles: set[str] = set()
+    out = placement_findings([r.placement for r in reports if r.placement is not None], catalog)
     for report in reports:
-        for role in sorted(report.roles_expected - located - reported_roles):
-            reported_roles.add(role)
-            out.append(Finding(
-                report.path, 1, 1, codes.SITE_NOT_FOUND,
-                f"{role}: this file matches the catalog's path but no candidate class, method and statement "
-                "shape is in it; extend the catalog (--catalog or [tool.canary-instrument])",
-            ))
         out.extend(report.findings)
         out.extend(report.when_wired if wired else report.when_unwired)
     return out
@@ -397,9 +415,8 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
         path=parsed.path,
         # Hand-written wiring is wiring too: a tree that holds it is not half-wired for lack of generated code.
         wired=any(m.state in ("wired", "handwritten") for m in analysis.sites),
-        roles_expected=set(analysis.roles_expected),
-        roles_located={m.site.role for m in analysis.sites} | {h.hook.role for h in analysis.hooks}
-        | analysis.roles_reported,
+        placement=placement_of(parsed.path, analysis, catalog, parsed.position),
+        handed=set(analysis.handed),
     )
     add, when_wired, when_unwired = report.findings.append, report.when_wired.append, report.when_unwired.append
 
@@ -475,6 +492,8 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
                 f"half-wired: generated `{catalog.member}` in {info.class_node.name} but none of its sites "
                 "is wired; run `canary-instrument apply` (or `revert`)",
             ))
+    for info in analysis.unreachable:
+        add(parsed.finding(info.class_node, codes.UNREACHABLE_MANAGER, unreachable_message(info, analysis)))
     for cls, first, second in analysis.manager_conflicts:
         add(parsed.finding(
             cls, codes.MANAGER_CONFLICT,

@@ -21,6 +21,8 @@ MEMBER_MISMATCH = "CI204"
 STALE_WIRING = "CI205"
 MANAGER_CONFLICT = "CI206"
 UNDEFINED_IN_WIRING = "CI207"
+UNREACHABLE_MANAGER = "CI208"
+HOOK_NOT_PLACED = "CI209"
 UNCOVERED_FORWARD = "CI301"
 
 # Bad input (exit 2); CI901-CI905 come from rewrite/files.py.
@@ -46,6 +48,9 @@ DESCRIPTIONS = {
     STALE_WIRING: "wiring differs from what the catalog generates",
     MANAGER_CONFLICT: "two sites in one class name different managers",
     UNDEFINED_IN_WIRING: "the catalog's wiring for a site reads a name its method does not define (apply skips it)",
+    UNREACHABLE_MANAGER: "a class with sites holds nothing the catalog's manager expression reads, and no single "
+    "model runner in its place (apply leaves its sites as they are)",
+    HOOK_NOT_PLACED: "a hook the tree's wiring needs (install, init-finished) has no place in any file read",
     UNCOVERED_FORWARD: "a graph capture/replay or model-runner forward in a class no site covers",
     SYNTAX_ERROR: "the file does not parse",
     NOT_ROUND_TRIPPABLE: "libcst cannot reproduce the file byte for byte",

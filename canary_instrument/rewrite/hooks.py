@@ -22,6 +22,7 @@ Standard-library `ast` only.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
@@ -75,6 +76,7 @@ class _Scope:
     class_node: ast.ClassDef | None
     runner: str  # the model runner as the scope spells it (`self`, a parameter, `self.tp_worker.model_runner`)
     functions: list
+    owner: tuple[str, str] | None = None  # (catalog's, class's) spelling of a manager owner held under another name
 
 
 def expand(hook: Hook, runner: str, value: str = "") -> str:
@@ -87,7 +89,8 @@ def _callee(hook: Hook) -> str | None:
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
 
-def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog) -> list[_Scope]:
+def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers) -> list[_Scope]:
+    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}."""
     shape = catalog.model_runner
     scopes = []
     for cls in classes:
@@ -99,8 +102,14 @@ def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog
             held = info.held_model_runner(shape)
             if held is not None:
                 scopes.append(_Scope(cls, held, methods))
-        elif hook.scope == "manager" and info.reaches(catalog.managers[hook.manager].owner):
-            scopes.append(_Scope(cls, "self", methods))
+        elif hook.scope == "manager":
+            owner = catalog.managers[hook.manager].owner
+            spelled = site_managers.get(id(cls), {}).get(hook.manager)
+            if spelled is not None and spelled.owner != owner:
+                # The class's sites run on this manager, held under the class's own name for it.
+                scopes.append(_Scope(cls, "self", methods, (owner, spelled.owner)))
+            elif info.reaches(owner):
+                scopes.append(_Scope(cls, "self", methods))
     if hook.scope == "model_runner":
         module = {}
         for node in tree.body:
@@ -204,6 +213,20 @@ def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
     if name is None or "." in name or name not in module or not _passes(call, scope.runner):
         return None
     return module[name]
+
+
+def _handed_off(hook: Hook, scope: _Scope, module: dict, calls: _Calls, imports: Imports) -> set[str]:
+    """The modules whose functions this scope hands the model runner to for capture (`capture_graphs(self)`,
+    imported): where its `after_capture` hook goes, though no catalog location names that file."""
+    found = set()
+    for function in scope.functions:
+        for call in _capture_calls(function, hook, calls):
+            name = dotted_name(call.func)
+            if _own_callee(call, scope, module) is None and _passes(call, scope.runner):
+                qualified = imports.resolve(name)
+                if qualified != name or "." in name:
+                    found.add(qualified.rpartition(".")[0])
+    return found
 
 
 def _place_after_capture(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
@@ -345,9 +368,11 @@ def _caller(function, scope: _Scope, module: dict, calls: _Calls):
     return None
 
 
-def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None) -> dict[str, list[PresentHook]]:
+def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None,
+              site_managers=None) -> dict[str, list[PresentHook]]:
     """Every hook statement already in the file, by role: generated ones and hand-written ones
-    (`functions`: `functions_of(tree)`, when the caller has listed them)."""
+    (`functions`: `functions_of(tree)`, when the caller has listed them; `site_managers`: class id ->
+    {manager name: the manager as the class's sites spell it})."""
     by_callee: dict[str, list[Hook]] = {}
     for hook in catalog.hooks:
         callee = _callee(hook)
@@ -365,15 +390,21 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, funct
                     # The runtime's function, or its bare name with no import yet (a hook pasted by hand).
                     ours = resolved == f"{catalog.runtime_module}.{callee}" or resolved == name == callee
                     if ours and callee in by_callee:
-                        role = _generated_role(stmt, by_callee[callee], cls, facts, catalog)
+                        spelled = (site_managers or {}).get(id(cls), {}) if cls is not None else {}
+                        role = _generated_role(stmt, by_callee[callee], spelled, catalog)
                         present.setdefault(role, []).append(PresentHook(stmt, block))
                         continue
                 hand = parse_hook(stmt)
                 if hand is not None:
-                    role = _hand_role(hand, catalog, manager_hooks)
+                    spelled = (site_managers or {}).get(id(cls), {}) if cls is not None else {}
+                    role = _hand_role(hand, catalog, manager_hooks, spelled)
                     if role is not None:
                         hook = next(h for h in catalog.hooks if h.role == role)
                         migrated = expand(hook, hand.manager.rpartition(".")[0], hand.argument or "")
+                        if hook.scope == "manager" and hook.manager in spelled:
+                            catalog_owner = catalog.managers[hook.manager].owner
+                            migrated = re.sub(rf"{re.escape(catalog_owner)}(?![\w])", spelled[hook.manager].owner,
+                                              migrated)
                         present.setdefault(role, []).append(PresentHook(stmt, block, hand, migrated))
     return present
 
@@ -381,11 +412,14 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, funct
 _KINDS = {"install_canary": "install", "mark_init_finished": "init_finished", "attach_radix_cache": "attach_cache"}
 
 
-def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks) -> str | None:
+def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks, spelled: dict) -> str | None:
     """The role of a hand-written hook: by what it calls, and for init-finished by whose manager it marks."""
     if hand.kind == "init_finished":
         for hook in manager_hooks:
-            if catalog.managers[hook.manager].expression == hand.manager:
+            expressions = {catalog.managers[hook.manager].expression}
+            if hook.manager in spelled:
+                expressions.add(spelled[hook.manager].expression)
+            if hand.manager in expressions:
                 return hook.role
     for hook in catalog.hooks:
         if _KINDS.get(_callee(hook)) == hand.kind and hook not in manager_hooks:
@@ -393,13 +427,16 @@ def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks) -> str | None:
     return None
 
 
-def _generated_role(stmt, hooks, cls, facts, catalog: Catalog) -> str:
+def _generated_role(stmt, hooks, spelled: dict, catalog: Catalog) -> str:
     """The role of a generated hook statement: the only hook calling its callee, else the one it spells."""
     if len(hooks) == 1:
         return hooks[0].role
     text = ast.unparse(stmt)
     for hook in hooks:
-        if hook.scope == "manager" and catalog.managers[hook.manager].expression in text:
+        if hook.scope != "manager":
+            continue
+        manager = spelled.get(hook.manager, catalog.managers[hook.manager])
+        if manager.expression in text or catalog.managers[hook.manager].expression in text:
             return hook.role
     return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
 
@@ -413,11 +450,16 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
 
 
 def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
-                 classes: list[ast.ClassDef] | None = None, functions=None) -> list[HookMatch]:
+                 classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
+                 handed: set[str] | None = None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
     lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
     classes and `functions_of(tree)`, when the caller has listed them)."""
-    present = recognise(tree, catalog, imports, facts, functions)
+    site_managers: dict[int, dict] = {}
+    for site in sites:
+        if site.class_node is not None:
+            site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
+    present = recognise(tree, catalog, imports, facts, functions, site_managers)
     module = _module_functions(tree)
     calls = _Calls()
     # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
@@ -430,9 +472,11 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         else:
             if classes is None:
                 classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = _scopes(hook, tree, classes, facts, catalog)
+            scopes = _scopes(hook, tree, classes, facts, catalog, site_managers)
         for scope in scopes:
             if hook.place == "after_capture":
+                if handed is not None and scope.class_node is not None:
+                    handed |= _handed_off(hook, scope, module, calls, imports)
                 found = _place_after_capture(hook, scope, module, calls)
                 if found is not None:
                     function, anchor, mode = found
@@ -448,6 +492,9 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
             owner = scope.class_node if any(f is function for f in scope.functions) else None
             match.class_node, match.method, match.anchor, match.mode = owner, function, anchor, mode
             match.statement = expand(hook, scope.runner, value)
+            if scope.owner is not None:
+                old, new = scope.owner
+                match.statement = re.sub(rf"{re.escape(old)}(?![\w])", new, match.statement)
         if match.anchor is not None or match.present:
             matches.append(match)
     return matches

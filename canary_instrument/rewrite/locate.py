@@ -22,7 +22,15 @@ from pathlib import Path
 from canary_instrument.catalog import Catalog, Location, Manager, Site, call_matches
 from canary_instrument.rewrite.handwritten import HandWired, last_name, parse_site
 from canary_instrument.rewrite.hooks import HookMatch, locate_hooks
-from canary_instrument.rewrite.roles import Context, resolve, scoped_manager, suggest_entry
+from canary_instrument.rewrite.roles import (
+    Context,
+    class_manager,
+    in_catalog_spelling,
+    owner_spellings,
+    resolve,
+    scoped_manager,
+    suggest_entry,
+)
 from canary_instrument.rewrite.shapes import (
     FUNCTIONS,
     ClassFacts,
@@ -35,6 +43,7 @@ from canary_instrument.rewrite.shapes import (
     iter_calls,
     local_aliases,
     loop_index,
+    names_runner,
     same_code,
     statements,
     walk_blocks,
@@ -190,6 +199,10 @@ class FileAnalysis:
     roles_expected: set[str] = field(default_factory=set)  # roles with a location hint at this path
     roles_reported: set[str] = field(default_factory=set)  # roles found but only as a problem (e.g. CI105)
     manager_conflicts: list[tuple[ast.ClassDef, str, str]] = field(default_factory=list)
+    # Modules a model-runner class hands itself to for graph capture: they hold its after-capture hooks.
+    handed: set[str] = field(default_factory=set)
+    # Classes with sites that use nothing their manager expression reads (apply leaves their sites alone).
+    unreachable: list[MemberInfo] = field(default_factory=list)
 
 
 def _is_wrapper(stmt: ast.AST, placeholder: str) -> bool:
@@ -296,12 +309,15 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
                 found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
-    _add_hinted(result, posix, classes, catalog)
-    result.hooks = locate_hooks(tree, catalog, imports, facts, text, classes=classes, functions=functions)
+    _add_hinted(result, posix, classes, catalog, facts)
+    result.hooks = locate_hooks(
+        tree, catalog, imports, facts, text, classes=classes, functions=functions, sites=result.sites,
+        handed=result.handed,
+    )
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
             result.roles_expected.add(hook.role)
-    _collect_members(result, catalog, lines)
+    _collect_members(result, catalog, lines, facts)
     return result
 
 
@@ -370,13 +386,14 @@ def _discover(result, posix, cls, function, catalog: Catalog, imports: Imports, 
             if aliases is None:
                 aliases = local_aliases(function)
                 runner = function_model_runner(function, catalog.model_runner) if cls is None else None
+                spellings = owner_spellings(facts(cls), catalog) if cls is not None else {}
             handwired = (
                 parse_site(stmt.value, imports.resolve, catalog.placeholder_factory, catalog.null_contexts)
                 if kind == "handwritten" else None
             )
             context = Context(
                 usage=how,
-                calls=tuple(call_names(node) if how == "with" else _receiver(node)),
+                calls=in_catalog_spelling(call_names(node) if how == "with" else _receiver(node), spellings),
                 loop_index=loop_index(loops),
                 facts=facts(cls) if cls is not None else None,
                 runner=runner,
@@ -402,7 +419,8 @@ def _discover(result, posix, cls, function, catalog: Catalog, imports: Imports, 
                 result.problems.append(Problem(stmt, "ambiguous", name, roles))
                 continue
             site = resolution.site
-            manager = scoped_manager(catalog.managers[site.manager], runner if cls is None else None)
+            manager = catalog.managers[site.manager]
+            manager = scoped_manager(manager, runner) if cls is None else class_manager(manager, facts(cls), catalog)
             sites.append(SiteMatch(
                 site=site, location=None, class_node=cls, method=function, block=block, first=holder, last=holder,
                 manager=manager, member=catalog.member, loop_index=context.loop_index,
@@ -430,7 +448,7 @@ def _drop_duplicates(result: FileAnalysis, found: list[SiteMatch]) -> None:
     found[:] = [m for m in found if keep.get((id(m.method), m.site.role)) is m]
 
 
-def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog) -> None:
+def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog, facts) -> None:
     """Sites the location hints name that hold no placeholder yet (scaffold's work; check's CI101)."""
     taken = {(id(m.method), m.site.role) for m in result.sites} | {
         (id(m.method), m.placeholder) for m in result.sites
@@ -468,7 +486,7 @@ def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog) -> 
                         result.roles_reported.add(site.role)
                         continue  # reported as a placeholder used but never assigned (not as not found)
                     located.add((site.role, id(method)))
-                    manager = catalog.managers[location.manager or site.manager]
+                    manager = class_manager(catalog.managers[location.manager or site.manager], facts(cls), catalog)
                     result.sites.append(SiteMatch(
                         site=site, location=location, class_node=cls, method=method, block=block, first=first,
                         last=last, manager=manager, member=catalog.member, loop_index=index,
@@ -476,7 +494,7 @@ def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog) -> 
                     ))
 
 
-def _collect_members(result: FileAnalysis, catalog: Catalog, lines) -> None:
+def _collect_members(result: FileAnalysis, catalog: Catalog, lines, facts) -> None:
     members: dict[int, MemberInfo] = {}
     for match in result.sites:
         if match.class_node is None:
@@ -493,6 +511,10 @@ def _collect_members(result: FileAnalysis, catalog: Catalog, lines) -> None:
                 first_line = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
                 info.generated = lines is not None and first_line >= 2 and lines[first_line - 2].strip() == MEMBER_MARKER
         result.members.append(info)
+        # An owner the model-runner shape names (`self.model_runner`) may come from a base class elsewhere.
+        owner = info.manager.owner
+        if not facts(info.class_node).reaches(owner) and not names_runner(owner.rpartition(".")[2], catalog.model_runner):
+            result.unreachable.append(info)
 
 
 def wired_classes(analysis: FileAnalysis) -> set[int]:

@@ -136,6 +136,23 @@ class Prefilter:
                            re.MULTILINE),
             ))
 
+        # A hook held by a class that holds a model runner (the scheduler's attach-cache) is not reached by
+        # following the model runner: a file may hold its place wherever it assigns the attribute the hook
+        # follows and names a model runner.
+        # `self.NAME = NAME` hands over a parameter (no place) unless the file also assigns a local NAME.
+        self._holder_assigns = [
+            (
+                name.encode(),
+                re.compile(rb"self\s*\.\s*" + re.escape(name.encode()) + rb"\s*(?::[^=\n]*)?=(?!=)[ \t]*(.*)"),
+                re.compile(rb"^[ \t]*" + re.escape(name.encode()) + rb"\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE),
+            )
+            for hook in catalog.hooks if hook.scope == "holder" for name in hook.assigns
+        ]
+        self._runner_words = sorted({
+            fragment.encode() for pattern in catalog.model_runner.names for fragment in _literal_fragments(pattern)
+            if len(fragment) > 3
+        })
+
     def path_matches(self, posix: str) -> bool:
         return self._path is not None and self._path.match(posix) is not None
 
@@ -150,7 +167,16 @@ class Prefilter:
                 return flags | SITES | REACH
         if located and self.holds_candidate_class(posix, data):
             return flags | SITES | REACH
-        return flags | REACH if self.has_trigger(data) else flags
+        reach = REACH if self.has_trigger(data) else 0
+        if self.holds_holder_place(data):
+            return flags | SITES | reach
+        return flags | reach
+
+    def holds_holder_place(self, data: bytes) -> bool:
+        """An assignment of the attribute a holder-scoped hook follows, in a file that names a model runner."""
+        return any(
+            name in data and _builds_attribute(data, name, assign, local) for name, assign, local in self._holder_assigns
+        ) and any(word in data for word in self._runner_words)
 
     def holds_candidate_class(self, posix: str, data: bytes) -> bool:
         """A candidate class statement, or a module-level function named like a candidate method."""
@@ -164,6 +190,15 @@ class Prefilter:
                     if code_use(data, match.start(), match.end()):
                         return True
         return False
+
+
+def _builds_attribute(data: bytes, name: bytes, assign: re.Pattern, local: re.Pattern) -> bool:
+    """An assignment `self.NAME = VALUE` that may build NAME here: VALUE is not just a parameter of that name."""
+    for match in assign.finditer(data):
+        value = match.group(1).rstrip()
+        if value != name or local.search(data) is not None:
+            return True
+    return False
 
 
 def _leading_literal(pattern: str) -> bytes | None:

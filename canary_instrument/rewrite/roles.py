@@ -51,22 +51,73 @@ def scoped_manager(manager: Manager, runner: str | None) -> Manager | None:
     return Manager(manager.name, swap(manager.expression), swap(manager.guard))
 
 
+def draft_flag(catalog: Catalog) -> str | None:
+    """The attribute a guard reads to tell a draft model runner (`is_draft_worker`), as a constructor keyword."""
+    return next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)), None)
+
+
+def held_owner(manager: Manager, facts: ClassFacts | None, catalog: Catalog) -> str | None:
+    """The class's own spelling of the manager's owner when it holds that model runner under another name."""
+    if facts is None:
+        return None
+    return facts.held_as(manager.owner, catalog.model_runner, draft_flag(catalog))
+
+
+def class_manager(manager: Manager, facts: ClassFacts | None, catalog: Catalog) -> Manager:
+    """The manager as the class spells it: the catalog's owner replaced by the attribute the class holds it in."""
+    held = held_owner(manager, facts, catalog)
+    return manager if held is None else rename_owner(manager, manager.owner, held)
+
+
+def rename_owner(manager: Manager, old: str, new: str) -> Manager:
+    def swap(text):
+        if text is None:
+            return None
+        return new + text[len(old):] if text == old or text.startswith(old + ".") else text
+
+    return Manager(manager.name, swap(manager.expression), swap(manager.guard))
+
+
+def owner_spellings(facts: ClassFacts | None, catalog: Catalog) -> dict[str, str]:
+    """{the class's attribute: the catalog's owner} for each manager owner the class holds under another name."""
+    found = {}
+    for manager in catalog.managers.values():
+        held = held_owner(manager, facts, catalog)
+        if held is not None:
+            found[held] = manager.owner
+    return found
+
+
+def in_catalog_spelling(calls, spellings: dict[str, str]) -> tuple[str, ...]:
+    """Call names with the class's own owner attributes spelled as the catalog's patterns name them."""
+    if not spellings:
+        return tuple(calls)
+    out = []
+    for name in calls:
+        for held, owner in spellings.items():
+            if name.startswith(held + "."):
+                name = owner + name[len(held):]
+                break
+        out.append(name)
+    return tuple(out)
+
+
 def _owner_reachable(manager: Manager, context: Context, catalog: Catalog) -> bool:
     if context.facts is not None:
-        return context.facts.reaches(manager.owner)
+        return context.facts.reaches(manager.owner) or held_owner(manager, context.facts, catalog) is not None
     if context.runner is None:
         return False
     last = manager.owner.rpartition(".")[2]
     return manager.owner == "self" or any(fnmatchcase(last, p) for p in catalog.model_runner.names)
 
 
-def _hand_owner_matches(manager: Manager, context: Context) -> bool:
+def _hand_owner_matches(manager: Manager, context: Context, catalog: Catalog) -> bool:
     wired = context.handwired
     if wired is None:
         return True
     have = expand_alias(wired.manager, context.aliases).rpartition(".")[0]
     if context.facts is not None:
-        return have == manager.owner
+        return have in (manager.owner, held_owner(manager, context.facts, catalog))
     return have == expand_alias(context.runner or "", context.aliases)
 
 
@@ -84,7 +135,7 @@ def score(site: Site, context: Context, catalog: Catalog) -> int | None:
     manager = catalog.managers[site.manager]
     # A location hint vouches for the manager of a class that does not spell its owner out.
     reachable = hinted or _owner_reachable(manager, context, catalog)
-    if not reachable or not _hand_owner_matches(manager, context):
+    if not reachable or not _hand_owner_matches(manager, context, catalog):
         return None
     wired = context.handwired
     if wired is not None and site.evidence and set(site.evidence) != wired.evidence:

@@ -304,7 +304,7 @@ def expand_alias(text: str, aliases: dict[str, str]) -> str:
     return aliases[head] + dot + rest if head in aliases else text
 
 
-def _names_runner(name: str, shape: ModelRunnerShape) -> bool:
+def names_runner(name: str, shape: ModelRunnerShape) -> bool:
     return any(fnmatchcase(name, pattern) for pattern in shape.names)
 
 
@@ -312,13 +312,13 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
     """How a module-level function reaches a model runner: a parameter named or typed like one, else a local."""
     for arg in parameters(function):
         annotation = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else ""
-        if _names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
+        if names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
             return arg.arg
     for node in walk(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = dotted_name(node.value)
             name = node.targets[0].id
-            if value is not None and (_names_runner(value.rpartition(".")[2], shape) or _names_runner(name, shape)):
+            if value is not None and (names_runner(value.rpartition(".")[2], shape) or names_runner(name, shape)):
                 if "()" not in value and value.rpartition(".")[2] != value:
                     return name
     return None
@@ -417,6 +417,58 @@ class ClassFacts:
             return False
         return any(ref == owner or ref.startswith(owner + ".") for ref in self.refs)
 
+    def held_as(self, owner: str, shape: ModelRunnerShape, draft_flag: str | None = None) -> str | None:
+        """Where the class holds, under a name of its own, the model runner a manager's `owner` names.
+
+        Only for an owner (`self.draft_runner`) the class never uses and whose name the model-runner shape
+        does not recognise: the attribute it assigns a model runner (`self.drafter = self.worker.model_runner`,
+        `self.drafter = ModelRunner(...)`). Several such attributes are told apart by the one built from an
+        object constructed with `draft_flag=True`; None when that leaves no single one.
+        """
+        if not owner.startswith("self.") or owner.count(".") != 1 or self.reaches(owner):
+            return None
+        if names_runner(owner[5:], shape):
+            return None
+        held = self.runner_attributes(shape)
+        if len(held) > 1 and draft_flag:
+            drafts = self.flagged_attributes(draft_flag)
+            held = {name: value for name, value in held.items() if value.split(".")[:2] in drafts}
+        return f"self.{next(iter(held))}" if len(held) == 1 else None
+
+    def runner_attributes(self, shape: ModelRunnerShape) -> dict[str, str]:
+        """`self.NAME = VALUE` assignments of a model runner: NAME -> VALUE's dotted name (a constructor: its callee)."""
+        found: dict[str, str] = {}
+        for function in self.methods.values():
+            for node in walk(function):
+                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [dotted_name(t) for t in targets]
+                value = node.value
+                if isinstance(value, ast.Call):
+                    callee = dotted_name(value.func) or ""
+                    runner = any(fnmatchcase(callee.rpartition(".")[2], t) for t in shape.types)
+                    spelled = callee
+                else:
+                    spelled = dotted_name(value) or ""
+                    runner = "." in spelled and names_runner(spelled.rpartition(".")[2], shape)
+                for name in names:
+                    if runner and name is not None and name.count(".") == 1 and name.startswith("self."):
+                        found.setdefault(name[5:], spelled)
+        return found
+
+    def flagged_attributes(self, flag: str) -> list[list[str]]:
+        """The `self.NAME` attributes (as ["self", NAME]) assigned an object constructed with `flag=True`."""
+        found = []
+        for function in self.methods.values():
+            for node in walk(function):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and any(
+                    k.arg == flag and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.value.keywords
+                ):
+                    found += [name.split(".") for t in node.targets if (name := dotted_name(t)) is not None]
+        return found
+
     def refers_to(self, patterns) -> bool:
         if not may_name(self.text, patterns):
             return False
@@ -438,7 +490,7 @@ class ClassFacts:
         for ref in self.refs:
             parts = ref.split(".")
             for end in range(2, len(parts) + 1):
-                if parts[0] == "self" and _names_runner(parts[end - 1], shape):
+                if parts[0] == "self" and names_runner(parts[end - 1], shape):
                     chain = ".".join(parts[:end])
                     counts[chain] = counts.get(chain, 0) + 1
                     break

@@ -17,6 +17,7 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
 from canary_instrument.rewrite.locate import FileAnalysis, analyse
+from canary_instrument.rewrite.modules import module_files
 from canary_instrument.rewrite.prefilter import SITES, Prefilter
 
 
@@ -79,9 +80,9 @@ def discover(paths: Iterable, catalog: Catalog) -> Iterable[Path | SourceError]:
     return iter_python_files([Path(p) for p in paths], exclude=catalog.exclude)
 
 
-def candidates(paths: Iterable, catalog: Catalog, result: RunResult):
+def candidates(paths: Iterable, catalog: Catalog, result: RunResult, others: list[Path] | None = None):
     """Yield the paths of the files that may hold sites, hooks or placeholders; count every file,
-    record discovery errors."""
+    record discovery errors (`others`: gets the files not yielded)."""
     prefilter = Prefilter(catalog)
     for item in discover(paths, catalog):
         if isinstance(item, SourceError):
@@ -99,6 +100,8 @@ def candidates(paths: Iterable, catalog: Catalog, result: RunResult):
             continue
         if prefilter.needs(item.as_posix(), data) & SITES:
             yield item
+        elif others is not None:
+            others.append(item)
 
 
 def parse_source(source: SourceFile) -> ast.Module:
@@ -177,32 +180,48 @@ def run_transform(
     verify: Callable[[ParsedFile, str], None] | None = None,
 ) -> RunResult:
     """Plan each candidate file, apply the plan with libcst, verify, and write (atomically) if asked."""
-    from canary_instrument.rewrite.plan import PlanNotApplied  # the transforms' module: check never needs it
-
     result = RunResult(written=write)
-    for path in candidates(paths, catalog, result):
-        try:
-            parsed = load(path, catalog)
-            result.files_analysed += 1
-            plan = planner(parsed, catalog, result)
-            if not plan:
-                continue
-            from canary_instrument.rewrite.edits import apply_plan  # libcst: only when there is work
-
-            module = parse_cst(parsed.source)
-            new_text = apply_plan(module, plan).code
-            if new_text == parsed.source.text:
-                continue
-            if verify is not None:
-                verify(parsed, new_text)
-            new = parsed.source.encode(new_text)
-            change = FileChange(path, parsed.source.data, new, parsed.source.encoding, plan.touched)
-            if write:
-                write_atomic(path, new)
-            result.changes.append(change)
-        except SourceError as error:
-            result.errors.append(error)
-        except PlanNotApplied as error:
-            result.errors.append(SourceError(path, 1, 1, INTERNAL_ERROR, f"internal error, nothing written: {error}"))
+    others: list[Path] = []
+    handed: set[str] = set()
+    for path in candidates(paths, catalog, result, others):
+        _run_file(path, catalog, planner, write, verify, result, handed)
+    # Files a model runner hands itself to for graph capture hold its after-capture hooks: read them too.
+    while handed:
+        found = module_files(handed, others)
+        handed = set()
+        others = [path for path in others if path not in found]
+        for path in found:
+            _run_file(path, catalog, planner, write, verify, result, handed)
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result
+
+
+def _run_file(path: Path, catalog: Catalog, planner: Planner, write: bool, verify, result: RunResult,
+              handed: set[str]) -> None:
+    """Plan one file and apply its plan; `handed` gets the modules its model runner hands capture to."""
+    from canary_instrument.rewrite.plan import PlanNotApplied  # the transforms' module: check never needs it
+
+    try:
+        parsed = load(path, catalog)
+        result.files_analysed += 1
+        handed |= parsed.analysis.handed
+        plan = planner(parsed, catalog, result)
+        if not plan:
+            return
+        from canary_instrument.rewrite.edits import apply_plan  # libcst: only when there is work
+
+        module = parse_cst(parsed.source)
+        new_text = apply_plan(module, plan).code
+        if new_text == parsed.source.text:
+            return
+        if verify is not None:
+            verify(parsed, new_text)
+        new = parsed.source.encode(new_text)
+        change = FileChange(path, parsed.source.data, new, parsed.source.encoding, plan.touched)
+        if write:
+            write_atomic(path, new)
+        result.changes.append(change)
+    except SourceError as error:
+        result.errors.append(error)
+    except PlanNotApplied as error:
+        result.errors.append(SourceError(path, 1, 1, INTERNAL_ERROR, f"internal error, nothing written: {error}"))

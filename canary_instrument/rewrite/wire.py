@@ -13,9 +13,17 @@ import builtins
 from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
-from canary_instrument.rewrite.findings import AMBIGUOUS_ROLE, MISSING_PLACEHOLDER, UNDEFINED_IN_WIRING, UNKNOWN_HAND_WIRING
+from canary_instrument.rewrite.findings import (
+    AMBIGUOUS_ROLE,
+    MISSING_PLACEHOLDER,
+    STRAY_PLACEHOLDER,
+    UNDEFINED_IN_WIRING,
+    UNKNOWN_HAND_WIRING,
+    UNREACHABLE_MANAGER,
+)
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
+from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.scaffold import report_unusable
 from canary_instrument.rewrite.shapes import parameters, same_code
@@ -129,6 +137,21 @@ def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
                 problem.node, AMBIGUOUS_ROLE,
                 f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
             ))
+        elif problem.kind == "stray":
+            result.findings.append(parsed.finding(
+                problem.node, STRAY_PLACEHOLDER,
+                f"stray placeholder `{problem.name}` ({problem.detail}); left alone: no catalog role admits it "
+                "here (remove it, or add its site to the catalog)",
+            ))
+
+
+def report_unreachable(parsed: ParsedFile, result: RunResult) -> set[int]:
+    """Classes whose generated member would read an attribute the class never uses: reported, left unwired."""
+    for info in parsed.analysis.unreachable:
+        result.findings.append(parsed.finding(
+            info.class_node, UNREACHABLE_MANAGER, unreachable_message(info, parsed.analysis),
+        ))
+    return {id(info.class_node) for info in parsed.analysis.unreachable}
 
 
 def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
@@ -141,7 +164,10 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
     migrated_reads: set[str] = set()
     wired_classes = set()
     wired_factory_calls: list[SiteMatch] = []
+    unreachable = report_unreachable(parsed, result)
     for match in analysis.sites:
+        if id(match.class_node) in unreachable:
+            continue
         if match.state == "missing":
             result.findings.append(parsed.finding(
                 match.first, MISSING_PLACEHOLDER,
@@ -233,5 +259,15 @@ def own_packages(path) -> frozenset[str]:
 
 
 def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
-    """Wire every placeholder site (and migrate hand-written wiring), add the generated members, hooks and imports."""
-    return run_transform(paths, catalog, plan_apply, write=write)
+    """Wire every placeholder site (and migrate hand-written wiring), add the generated members, hooks and imports;
+    report (exit 1) each role the tree expects and each hook its wiring needs that no file has a place for."""
+    placements: list[Placement] = []
+
+    def plan(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
+        placements.append(placement_of(parsed.path, parsed.analysis, catalog, parsed.position))
+        return plan_apply(parsed, catalog, result)
+
+    result = run_transform(paths, catalog, plan, write=write)
+    result.findings.extend(placement_findings(placements, catalog))
+    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    return result

@@ -230,26 +230,9 @@ def _compare(version: str, state: str, refactor: str, done: Refactored, expected
 
 # --------------------------------------------------------------------------- the trees
 
-# Trees that violate the property today: (release or "*", state or "*", refactor) -> what goes missing.
-# "Not migrated": upstream's hand-written statement is left as it is, and nothing says so.
-_SPLIT_GRAPH_SETUP = [v for v in RELEASES if v >= "0.5.16"]  # init-finished in model_runner_components/
-VIOLATIONS: dict[tuple[str, str, str], str] = {
-    ("*", "*", "module-file"): (
-        "with managers/scheduler.py renamed batch_scheduler.py the scheduler's attach_cache hook is not placed "
-        "(placeholder state) or not migrated (released); apply exits 0 with no finding"),
-    ("*", "placeholder", "attr-tree-cache"): (
-        "with the scheduler's tree_cache renamed prefix_cache the attach_cache hook is not placed; apply exits 0 "
-        "with no finding"),
-    ("*", "placeholder", "attr-draft-runner"): (
-        "with draft_runner renamed draft_executor the draft worker's generated canary_ctx reads "
-        "self.draft_runner, which nothing assigns; the extend_prefill site (and from 0.5.19 the idle draft step) "
-        "keeps its placeholder and the draft init-finished hook is not placed; apply exits 0 with no finding, and "
-        "a second apply changes the file again"),
-    **{(v, "*", "module-folder"): (
-        "with model_executor/ renamed executor/ the init-finished hook of model_runner_components/"
-        "cuda_graph_setup.py is not placed (placeholder state) or not migrated (released); apply exits 0 with no "
-        "finding") for v in _SPLIT_GRAPH_SETUP},
-}
+# Trees that violate the property: (release or "*", state or "*", refactor) -> what goes missing. None today;
+# an entry makes its trees strict xfails, so that a fix shows up as an XPASS failure.
+VIOLATIONS: dict[tuple[str, str, str], str] = {}
 
 
 def violation(version: str, state: str, refactor: str) -> str | None:

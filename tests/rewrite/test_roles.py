@@ -421,7 +421,8 @@ def test_scaffold_and_apply_twice_change_nothing_the_second_time(tree):
 def test_apply_refuses_a_site_without_placeholder(tree):
     tree.write({MR: FORWARD_BEFORE})
     result = tree.run("apply")
-    assert [f.code for f in result.findings] == ["CI101"]
+    # CI102 and CI209 are about the rest of the layout, which this one-file tree does not hold.
+    assert [f.code for f in result.findings if f.code not in ("CI102", "CI209")] == ["CI101"]
     assert result.exit_code == 1
 
 
@@ -445,8 +446,9 @@ def test_apply_skips_a_site_whose_wiring_reads_a_name_the_method_lacks(tree):
                 return out
         """})
     result = tree.run("apply")
-    assert [(f.code, f.line) for f in result.findings] == [("CI207", 6)]
-    assert "forward_batch" in result.findings[0].message
+    findings = [f for f in result.findings if f.code not in ("CI102", "CI209")]  # the rest of the layout
+    assert [(f.code, f.line) for f in findings] == [("CI207", 6)]
+    assert "forward_batch" in findings[0].message
     assert "self.canary_ctx(" not in tree.read(EW)
 
 

@@ -161,8 +161,9 @@ def test_a_callable_handed_to_code_inside_a_bracket_is_covered(tree):
     """})
     result = tree.run("check")
     # The bracket is a capture site by its shape (it guards `capture_one`, its class reaches
-    # `self.model_runner`), so the forward handed to it is covered: no CI301, and no stray.
-    assert [f.code for f in result.findings] == []
+    # `self.model_runner`), so the forward handed to it is covered: no CI301, and no stray (CI209: the
+    # model runner's install and init-finished hooks, which this one-file tree does not hold).
+    assert [f.code for f in result.findings if f.code != "CI209"] == []
 
 
 def test_module_level_code_is_an_entry_point(tree):

@@ -1,0 +1,139 @@
+"""Roles placed from what the code does, on layouts no catalog location names (issue 20).
+
+Each tree is a small sglang-shaped program with files outside the catalog's candidate paths or attributes
+spelled differently: `apply` either wires every site and hook, or exits 1 naming what it could not
+place, and `check` reports the same.
+"""
+
+from rewrite_trees import dedent
+
+RUNNER = "pkg/srt/executor/model_runner.py"  # not the catalog's model_executor/
+SETUP = "pkg/srt/executor/graph_setup/capture.py"
+WORKER = "pkg/srt/speculative/drafter.py"  # not the catalog's eagle_worker_v2.py
+SCHEDULER = "pkg/srt/managers/batch_scheduler.py"  # not the catalog's scheduler.py
+
+MODEL_RUNNER = """
+    import contextlib
+
+    from pkg.srt.executor.graph_setup.capture import capture_model_graphs
+
+
+    class ModelRunner:
+        def initialize(self):
+            self.token_to_kv_pool = make_pool()
+            capture_model_graphs(self)
+
+        def forward(self, forward_batch):
+            canary_ctx = contextlib.nullcontext()
+            with canary_ctx, recorder(forward_batch):
+                return self._forward_raw(forward_batch)
+"""
+
+GRAPH_SETUP = """
+    def capture_model_graphs(model_runner):
+        model_runner.graph_runner = make_graph_runner(model_runner)
+        model_runner.init_piecewise_graphs()
+"""
+
+SCHEDULER_SOURCE = """
+    class Scheduler:
+        def __init__(self, tp_worker):
+            self.tp_worker = tp_worker
+            self.tree_cache = build_prefix_cache(self.tp_worker.model_runner)
+            self.running = []
+"""
+
+
+def _wired_tree(tree, worker: str) -> None:
+    tree.write({RUNNER: MODEL_RUNNER, SETUP: GRAPH_SETUP, WORKER: worker, SCHEDULER: SCHEDULER_SOURCE})
+
+
+DRAFT_WORKER = """
+    import contextlib
+
+
+    class Drafter:
+        def __init__(self, worker):
+            self.worker = worker
+            self.drafter_runner = self.worker.model_runner
+
+        def init_graphs(self):
+            self.graphs = capture_draft_graph(self.drafter_runner)
+            self.init_extend_graphs()
+
+        def _extend_prefill(self, forward_batch):
+            canary_ctx = contextlib.nullcontext()
+            with canary_ctx:
+                out = self.drafter_runner.forward(forward_batch)
+            return out
+"""
+
+
+def test_a_draft_runner_held_under_another_name_is_the_manager_the_wiring_reads(tree):
+    _wired_tree(tree, DRAFT_WORKER)
+    result = tree.run("apply")
+    assert result.findings == [], [str(f) for f in result.findings]
+    text = tree.read(WORKER)
+    assert "        canary_ctx = self.canary_ctx(forward_batch, outside=[0], active=0)\n" in text
+    assert "        manager = self.drafter_runner.canary_manager\n" in text
+    assert "        mark_init_finished(self.drafter_runner.canary_manager)\n" in text
+    assert "draft_runner" not in text.replace("drafter_runner", "")
+    assert tree.run("apply").changes == []  # idempotent: the hook in the class's spelling is recognised
+    assert tree.run("check").findings == []
+    tree.run("revert")
+    assert tree.read(WORKER) == dedent(DRAFT_WORKER)
+
+
+def test_a_draft_worker_with_two_model_runners_and_no_draft_flag_is_reported_not_guessed(tree):
+    worker = DRAFT_WORKER.replace(
+        "            self.drafter_runner = self.worker.model_runner\n",
+        "            self.drafter_runner = self.worker.model_runner\n"
+        "            self.target_runner = self.target.model_runner\n",
+    )
+    _wired_tree(tree, worker)
+    result = tree.run("apply")
+    # Neither attribute can be told to be the draft runner: the placeholder fits no role it could wire.
+    assert result.exit_code == 1
+    assert tree.codes(result) == [("CI103", 15), ("CI103", 16)]
+    assert "self.canary_ctx(" not in tree.read(WORKER)  # nothing that reads an attribute nobody assigns
+    assert tree.codes(tree.run("check")) == [("CI103", 15), ("CI103", 16)]
+
+
+def test_the_draft_flag_tells_the_draft_runner_from_the_target_runner(tree):
+    worker = DRAFT_WORKER.replace(
+        "            self.worker = worker\n",
+        "            self.worker = TpModelWorker(is_draft_worker=True)\n",
+    ).replace(
+        "            self.drafter_runner = self.worker.model_runner\n",
+        "            self.drafter_runner = self.worker.model_runner\n"
+        "            self.target_runner = self.target.model_runner\n",
+    )
+    _wired_tree(tree, worker)
+    assert tree.run("apply").findings == []
+    assert "        manager = self.drafter_runner.canary_manager\n" in tree.read(WORKER)
+
+
+def test_hooks_go_where_the_code_puts_them_whatever_the_files_are_called(tree):
+    _wired_tree(tree, DRAFT_WORKER)
+    result = tree.run("apply")
+    assert result.exit_code == 0, [str(f) for f in result.findings]
+    # The model runner hands itself to capture code in another folder: its init-finished hook goes there.
+    setup = tree.read(SETUP)
+    assert setup.index("    model_runner.init_piecewise_graphs()\n") < setup.index("    mark_init_finished(\n")
+    assert "model_runner.canary_manager if not model_runner.is_draft_worker else None" in setup
+    # The class that builds the prefix cache next to a model runner attaches it, in a file of any name.
+    scheduler = tree.read(SCHEDULER)
+    assert "        attach_radix_cache(\n            self.tp_worker.model_runner.canary_manager, self.tree_cache\n" in scheduler
+
+
+def test_a_hook_with_no_place_fails_apply_and_check_naming_the_site_that_needs_it(tree):
+    tree.write({RUNNER: MODEL_RUNNER.replace("            capture_model_graphs(self)\n", "")})
+    assert tree.codes(tree.run("check")) == [("CI209", 11)]
+    assert tree.codes(tree.run("apply", write=False)) == [("CI209", 11)]
+    result = tree.run("apply")
+    assert result.exit_code == 1
+    assert tree.codes(result) == [("CI209", 11)]
+    finding = result.findings[0]
+    assert finding.path.name == "model_runner.py"
+    assert "init_finished hook not placed: the forward site in ModelRunner.forward needs" in finding.message
+    assert "captures graphs" in finding.message
