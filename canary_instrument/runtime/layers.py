@@ -2,7 +2,7 @@
 
 Layer 0's fingerprint is the canary row's own field 3; layers 1.. keep theirs in a per-half table
 ``layer_fingerprints[slot, layer - 1]`` (8 bytes per slot and layer, against a KV row of hundreds
-of bytes to kilobytes per slot and layer). The kernels reach every layer's buffer through one
+of bytes to kilobytes per slot and layer), stored layer-major. The kernels reach every layer's buffer through one
 device table of per-layer data pointers, so the layer a pass reads can be a device value.
 """
 
@@ -33,7 +33,7 @@ def attach_layers(group: CanaryGroup, layers: Sequence[Any]) -> CanaryGroup:
     group.kv_layer_ptrs = None
     pointer_table(group)
     slots = group.rows.shape[0]
-    group.layer_fingerprints = torch.zeros((slots, max(1, len(layers) - 1)), dtype=torch.int64, device=first.device)
+    group.layer_fingerprints = _layer_major(slots, max(1, len(layers) - 1), first.device)
     return group
 
 
@@ -50,11 +50,17 @@ def layer_words(group: CanaryGroup, layer: int) -> Any:
 def fingerprint_table(group: CanaryGroup) -> Any:
     """The int64 [slots, max(1, layers - 1)] table of layers 1..'s fingerprints, made on first use (layer 0 only:
     one unused column, so both backends always have a table to point at)."""
+    if group.layer_fingerprints is None:
+        group.layer_fingerprints = _layer_major(group.rows.shape[0], 1, group.rows.device)
+    return group.layer_fingerprints
+
+
+def _layer_major(slots: int, columns: int, device: Any) -> Any:
+    """A zeroed [slots, columns] view of layer-major storage: a pass reads one layer of a request's slots, and
+    contiguous slots then read contiguous words (slot-major storage would cost one memory sector per lane)."""
     import torch
 
-    if group.layer_fingerprints is None:
-        group.layer_fingerprints = torch.zeros((group.rows.shape[0], 1), dtype=torch.int64, device=group.rows.device)
-    return group.layer_fingerprints
+    return torch.zeros((columns, slots), dtype=torch.int64, device=device).t()
 
 
 def pointer_table(group: CanaryGroup) -> Any:
@@ -65,7 +71,14 @@ def pointer_table(group: CanaryGroup) -> Any:
     key = (group.kv_words.data_ptr(), layer_count(group))
     if group.kv_layer_ptrs is None or getattr(group, "_pointer_key", None) != key:
         layers = group.kv_layers or [group.kv_words]
-        group.kv_layer_ptrs = torch.tensor([w.data_ptr() for w in layers], dtype=torch.int64, device=group.rows.device)
+        host = torch.tensor([w.data_ptr() for w in layers], dtype=torch.int64)
+        if group.rows.device.type == "cuda":
+            # Through pinned memory, kept alive with the table: a pageable copy would wait for the device.
+            host = host.pin_memory()
+            group.kv_layer_ptrs = host.to(group.rows.device, non_blocking=True)
+        else:
+            group.kv_layer_ptrs = host.to(group.rows.device)
+        group._pointer_host = host
         group._pointer_key = key
     return group.kv_layer_ptrs
 

@@ -85,9 +85,11 @@ def plan_width(num_reqs: int) -> int:
 
 def layer_args(group: CanaryGroup) -> list:
     """A fingerprinted group's kernel arguments: the per-layer pointer table, the row stride, the layer count and
-    the table of layers 1..'s fingerprints with its row stride."""
+    the table of layers 1..'s fingerprints with its layer stride."""
     table = layers.fingerprint_table(group)
-    return [layers.pointer_table(group), group.kv_words.stride(0), layers.layer_count(group), table, table.stride(0)]
+    if table.stride(0) != 1:
+        raise ValueError("kv canary: the layer fingerprint table must be layer-major (slot stride 1)")
+    return [layers.pointer_table(group), group.kv_words.stride(0), layers.layer_count(group), table, table.stride(1)]
 
 
 def state_spec(state: CanaryState) -> Spec:
