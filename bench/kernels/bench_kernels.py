@@ -499,6 +499,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep"])
+    parser.add_argument("--scaling-realkv", nargs="+", default=["none", "partial", "all"],
+                        choices=["none", "partial", "all"], help="real-KV modes of the scaling table")
     # sglang sizes req_to_token by max_running_requests + 1 padding row, 2048-4096 requests by default;
     # the kernels must not cost more for a big pool than for the batch they check.
     parser.add_argument("--pool-rows", type=int, default=4097,
@@ -533,7 +535,7 @@ def main():
         verify_bandwidth(copy_bw, results, verify_config)
         save()
     if "scaling" in args.only:
-        scaling(copy_bw, results, ("none", "partial", "all"), config, args.pool_rows)
+        scaling(copy_bw, results, tuple(args.scaling_realkv), config, args.pool_rows)
         save()
     if "reference" in args.only:
         vs_reference(results, config)
