@@ -37,7 +37,7 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
         row = next(line for line in out.splitlines() if title in line)
         assert row.split()[-4:] == ["+0", reason, "+0", reason]  # the request-side checks, on the step
     assert "MISSED" not in out
-    assert "Result: 21/21 injected faults caught; 0 violations" in out
+    assert "Result: 27/27 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2
 
 
