@@ -260,10 +260,15 @@ CONFIGS = [(128, 4, 16), (128, 4, 8), (128, 2, 32), (256, 4, 16), (256, 8, 8)]  
 WRITE_TOKENS = 16384
 
 
+KERNEL_DIR = None  # rendered kernels to time instead of the shipped ones (template variants; set by main())
+LAYER_CHUNK = None  # layers the post pass fingerprints at once; None: the runtime's choice (set by main())
+
+
 def make_ops(config):
     block, warps, per_sm = config
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm)
+    options = {k: v for k, v in dict(layer_chunk=LAYER_CHUNK, kernel_dir=KERNEL_DIR).items() if v is not None}
+    return TritonCanaryOps(block=block, num_warps=warps, programs=sms * per_sm, **options)
 
 
 def tune(results, copy_bw):
@@ -511,11 +516,23 @@ def main():
                         help="distinct KV buffers behind the layers (the rest alias them round-robin)")
     parser.add_argument("--request-side", action="store_true",
                         help="plans with the target's identity and write-slot checks on (issue 21's cost)")
+    parser.add_argument("--layer-chunk", type=int, default=None,
+                        help="layers the post pass fingerprints at once (default: the runtime's choice)")
+    parser.add_argument("--config", default=None,
+                        help="BLOCK,NUM_WARPS,PROGRAMS_PER_SM for every mode instead of tuning (e.g. 128,4,16)")
+    parser.add_argument("--kernel-dir", type=Path, default=None,
+                        help="time the kernels rendered here (a template variant) instead of the shipped ones")
+    parser.add_argument("--shapes", type=int, default=None, help="only the first N shapes of the scaling table")
     args = parser.parse_args()
-    globals().update(LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers, REQUEST_SIDE=args.request_side)
+    if args.shapes:
+        del SCALING[args.shapes:]
+    globals().update(KERNEL_DIR=args.kernel_dir, LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers, REQUEST_SIDE=args.request_side,
+                     LAYER_CHUNK=args.layer_chunk)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "layers": args.layers, "layer_buffers": args.layer_buffers, "request_side": REQUEST_SIDE,
+               "layer_chunk": args.layer_chunk, "config": args.config,
+               "kernel_dir": str(args.kernel_dir) if args.kernel_dir else None,
                "command": "PYTHONPATH=$PWD python " + " ".join(sys.argv)}
     start = time.time()
     copy_bw = copy_bandwidth()
@@ -525,7 +542,10 @@ def main():
         results["seconds"] = time.time() - start
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
-    if set(args.only) & {"verify", "write", "reference", "scaling"}:
+    if args.config:
+        fixed = tuple(int(v) for v in args.config.split(","))
+        verify_config, config = fixed, dict.fromkeys(("none", "partial", "all"), fixed)
+    elif set(args.only) & {"verify", "write", "reference", "scaling"}:
         verify_config, config = tune(results, copy_bw)
         save()
     if "write" in args.only:

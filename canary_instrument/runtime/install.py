@@ -76,7 +76,12 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         cursor_table(state)  # the rotation's per-request layer cursor, allocated before any graph capture
     side = None
     if not is_draft:
-        from canary_instrument.runtime.request_side import RequestSide, make_identity_table, wrap_allocators
+        from canary_instrument.runtime.request_side import (
+            RequestSide,
+            make_freed_buffer,
+            make_identity_table,
+            wrap_allocators,
+        )
 
         # Request identity needs the req-pool allocation wrapped (a new occupant's entry starts empty).
         state.identity = make_identity_table(req_to_token.shape[0], device)
@@ -86,6 +91,8 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             state.identity = None
             logger.warning("kv canary: %s has no alloc to wrap; the request-identity check is off",
                            type(model_runner.req_to_token_pool).__qualname__)
+        if free_wrapped:
+            state.freed = make_freed_buffer(req_to_token.shape[0], device)  # before any graph capture
         if not rows_wrapped and not free_wrapped:
             side = None
     manager = CanaryManager(

@@ -281,12 +281,13 @@ class CanaryManager:
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
-        status vector and its publish counter, the violation ring and the sampled-token table. Plans are
-        read from the forward batch's own tensors, so the Triton passes allocate nothing per forward.
+        status vector and its publish counter, the violation ring, the sampled-token, identity and freed-slot
+        tables. Plans are read from the forward batch's own tensors, so the Triton passes allocate nothing
+        per forward.
         (The published mirror is pinned host memory, not counted here.)"""
         state = self.state
         buffers = [self.enabled, self._status, state.publish_done, state.ring, state.sampled_tokens,
-                   state.sample_staging, state.sample_rows, state.identity]
+                   state.sample_staging, state.sample_rows, state.identity, state.freed]
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:

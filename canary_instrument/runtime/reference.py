@@ -58,6 +58,7 @@ from .state import (
     IDENTITY,
     IDENTITY_FIRST_NEW,
     WRITE_SLOT,
+    GROUP_FULL,
     GROUP_SWA,
     KERNEL_POST,
     KERNEL_PRE,
@@ -441,9 +442,22 @@ def _file_samples(state: CanaryState, plan: PlanInputs) -> None:
     rows[cap] = n
 
 
+def mark_freed_buffer(state: CanaryState) -> None:
+    """Mark the FULL rows of the slots in ``state.freed`` freed (entries out of [1, rows) dropped), then empty it."""
+    entries = state.freed[state.freed != 0]
+    if entries.numel():
+        for group in state.groups:
+            if group.group == GROUP_FULL:
+                slots = entries[(entries > 0) & (entries < group.rows.shape[0])]
+                group.rows[slots, 1] = FREED_POSITION
+        state.freed.zero_()
+
+
 def pre_forward(state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
     """File the last sample (targets with a sampler), verify every request's prefix in every group/half,
     then write the rows of its new tokens."""
+    if state.freed is not None:
+        mark_freed_buffer(state)
     if int(plan.enabled[0]) == 0:
         return
     if state.sample_staging is not None:

@@ -9,6 +9,11 @@ wrapped on the instance and only noted; the device ops run at the entry of the t
 forward site, on the forward's stream. So the previous occupant's last forward and the finishing
 request's in-flight forward (enqueued before the event, as sglang's overlap scheduler does) never
 see them, and the next forward that could read the row or slot does.
+
+Frees are the per-step event (an EAGLE step frees its rejected drafts): each is one copy into
+``CanaryState.freed``, a fixed device buffer that every pre-forward op empties into the rows before its
+pass, inside the forward's CUDA graph when captured, so a step costs one device op on the host. A free
+that does not fit the buffer is marked by ops at the next forward's entry instead.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ class RequestSide:
     def __init__(self, state: Any):
         self.state = state
         self.new_rows: list = []  # req-pool rows handed to new requests (ints, or device tensors)
-        self.freed: list = []  # device tensors of freed KV slots (copies: the engine may reuse its buffer)
+        self.freed: list = []  # device tensors of freed KV slots that did not fit state.freed (copies)
+        self.offset = 0  # entries of state.freed appended since the last forward's entry
         self.pending = False
         import torch
 
@@ -44,9 +50,17 @@ class RequestSide:
         self.pending = bool(self.new_rows) or bool(self.freed)
 
     def on_free(self, free_index: Any) -> None:
-        if free_index is None or not hasattr(free_index, "numel") or free_index.numel() == 0:
+        if free_index is None or not hasattr(free_index, "numel"):
             return
-        self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
+        n = free_index.numel()
+        if n == 0:
+            return
+        buffer = self.state.freed
+        if buffer is not None and self.offset + n <= buffer.shape[0]:
+            buffer[self.offset : self.offset + n].copy_(free_index.reshape(-1))
+            self.offset += n
+        else:
+            self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
         self.pending = True
 
     def apply(self) -> None:
@@ -56,6 +70,7 @@ class RequestSide:
         state = self.state
         rows, self.new_rows = self.new_rows, []
         freed, self.freed = self.freed, []
+        self.offset = 0  # the buffer's entries: marked by this forward's pre-forward op, before its pass
         self.pending = False
         if rows and state.identity is not None:
             device = state.identity.device
@@ -139,6 +154,19 @@ def unwrap_allocators(model_runner: Any) -> None:
             value = getattr(obj, "__dict__", {}).get(name) if obj is not None else None
             if value is not None and getattr(value, _MARK, False):
                 del obj.__dict__[name]
+
+
+# Entries of the freed-slot buffer per req-pool row: room for a step that frees this many slots per request
+# (rejected drafts); a larger free is marked at the next forward's entry instead.
+FREED_PER_ROW = 8
+MIN_FREED_CAPACITY = 4096
+
+
+def make_freed_buffer(req_pool_rows: int, device: Any) -> Any:
+    import torch
+
+    capacity = max(MIN_FREED_CAPACITY, FREED_PER_ROW * int(req_pool_rows))
+    return torch.zeros(capacity, dtype=torch.int64, device=device)
 
 
 def make_identity_table(rows: int, device: Any) -> Optional[Any]:

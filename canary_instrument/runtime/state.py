@@ -160,4 +160,8 @@ class CanaryState:
     publish_done: Optional["torch.Tensor"] = None  # int64 [1] device: programs of the running pass checked in
     # Target: int64 [req-pool rows, IDENTITY_FIELDS], the request-identity table (None = no identity check).
     identity: Optional["torch.Tensor"] = None
+    # Target with the KV free wrapped: int64 [capacity], the slots freed since the last pre-forward pass (0 =
+    # no entry), appended by the host (runtime/request_side.py); each pre-forward op marks their FULL rows
+    # freed and empties it first, inside the forward's graph when captured.
+    freed: Optional["torch.Tensor"] = None
     extra: dict = field(default_factory=dict)

@@ -14,11 +14,12 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import triton
 
 from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
 from . import layers
-from .state import CanaryGroup, CanaryState, PlanInputs
+from .state import GROUP_FULL, CanaryGroup, CanaryState, PlanInputs
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ DEFAULT_LAUNCH = {
     "all": Launch(128, 4, 16),
 }
 MAX_FP_CHUNK = 32
+MARK_BLOCK = 1024  # freed-slot entries per program of the mark kernel
+# Layers the post pass fingerprints at once (realkv=partial, two words a row), so their loads wait for the
+# device together: LAYER_CHUNK for every lane of a wide block (a prefill chunk; a wider tile costs registers
+# the verify sharing the kernel needs), FEW_LAYERS for a block whose live lanes are among its first FEW.
+MAX_LAYER_CHUNK = 8
+FEW = 8
+MAX_FEW_LAYERS = 64
 
 
 def kernels_dir() -> Path:
@@ -131,7 +139,8 @@ class TritonCanaryOps:
     name = "triton"
 
     def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
-                 num_warps: int | None = None, maxnreg: int | None = None):
+                 num_warps: int | None = None, maxnreg: int | None = None, layer_chunk: int | None = None,
+                 few_layers: int | None = None):
         if block is not None and (block < 2 or block & (block - 1)):
             raise ValueError(f"TritonCanaryOps(block={block}): must be a power of two >= 2")
         self.block = block
@@ -140,9 +149,27 @@ class TritonCanaryOps:
         # Benchmarks only: cap registers per thread (more resident programs per multiprocessor).
         self.options = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
+        if layer_chunk is not None and (layer_chunk < 1 or layer_chunk & (layer_chunk - 1)):
+            raise ValueError(f"TritonCanaryOps(layer_chunk={layer_chunk}): must be a power of two >= 1")
+        if few_layers is not None and (few_layers < 1 or few_layers & (few_layers - 1)):
+            raise ValueError(f"TritonCanaryOps(few_layers={few_layers}): must be a power of two >= 1")
+        # Benchmarks and tests: layers the post pass fingerprints at once (wide blocks, blocks of a few lanes).
+        self.layer_chunk = layer_chunk
+        self.few_layers = few_layers
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
+        if state.freed is not None:
+            self._mark_freed(state)
         self._launch("canary_pre_forward", state, plan, [input_ids])
+
+    def _mark_freed(self, state: CanaryState) -> None:
+        """The allocator's frees noted since the last pass (``CanaryState.freed``), marked before it: inside the
+        forward's graph when captured, so a replay marks them with no host work."""
+        module = load_kernel_module(state_spec(state), self.kernel_dir)
+        full = [g.rows for g in state.groups if g.group == GROUP_FULL]
+        capacity = state.freed.shape[0]
+        module.canary_mark_freed[(triton.cdiv(capacity, MARK_BLOCK),)](
+            state.freed, capacity, full[0].shape[0], *full, BLOCK=MARK_BLOCK)
 
     def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
         self._launch("canary_post_forward", state, plan, [])
@@ -168,9 +195,15 @@ class TritonCanaryOps:
         module = load_kernel_module(spec, self.kernel_dir)
         kernel = getattr(module, kernel_name)
         fp_words = 0
+        layer_chunk = few_layers = 1
         if spec.realkv != "none":
             words = state.groups[0].kv_words.shape[1]
             fp_words = min(PARTIAL_WORDS, words) if spec.realkv == "partial" else words
+            # Whole rows (realkv=all) fill the tile with one layer already.
+            if spec.realkv == "partial":
+                count = _next_pow2(layers.layer_count(state.groups[0]))
+                layer_chunk = self.layer_chunk or min(MAX_LAYER_CHUNK, count)
+                few_layers = self.few_layers or min(MAX_FEW_LAYERS, count)
         launch = DEFAULT_LAUNCH[spec.realkv]
         block = self.block or launch.block
         expected_mode, expected, expected_len, expected_arg = _expected_tokens(state, plan, kernel_name)
@@ -224,6 +257,9 @@ class TritonCanaryOps:
                 BLOCK=block,
                 FP_WORDS=fp_words,
                 FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
+                LAYER_CHUNK=layer_chunk,
+                FEW=min(FEW, block // 2),
+                FEW_LAYERS=few_layers,
                 PUBLISH=publish,
                 STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
                 num_warps=self.num_warps or launch.num_warps,

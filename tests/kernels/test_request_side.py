@@ -125,6 +125,22 @@ def test_read_of_a_freed_row_is_a_freed_violation(device, layout, v_half):
     assert (d.pool_index, position) not in reasons_at(sc.state, POSITION)
 
 
+@pytest.mark.parametrize("layout,v_half", LAYOUTS)
+def test_slots_in_the_freed_buffer_are_marked_before_the_pass(device, layout, v_half):
+    sc = request_side_scenario(layout, v_half)
+    d, e = sc.requests[3], sc.requests[2]
+    full_rows = sc.state.groups[0].rows.shape[0]
+    # A prefix slot the allocator freed while d still reads it, a slot freed and handed to e's new token in the
+    # same step (its mark must come before the pass writes it), an empty entry and one out of range (dropped).
+    entries = [d.full_slots[5], e.full_slots[e.prefix], 0, full_rows + 3]
+    sc.state.freed = torch.zeros(16, dtype=torch.int64)
+    sc.state.freed[: len(entries)] = torch.tensor(entries)
+    sc = to_device(sc, device)
+    sc, _ = run_both(sc, _ops())
+    assert set(reasons_at(sc.state, FREED)) == {(d.pool_index, 5)}
+    assert int(sc.state.freed.count_nonzero()) == 0  # emptied for the next frees
+
+
 def test_plan_with_identity_off_reports_no_identity_violation():
     """With the plan's identity off (a draft worker), a swapped row is not an identity violation."""
     sc = request_side_scenario("mha", True)

@@ -21,7 +21,7 @@ from canary_instrument.runtime.state import (
 )
 from canary_instrument.runtime.triton_ops import TritonCanaryOps
 
-from canary_instrument.runtime.layers import layer_words
+from canary_instrument.runtime.layers import fingerprint_table, layer_words
 
 from .faults import FAULTS, inject
 from .scenario import make_scenario, to_device, violations
@@ -44,6 +44,9 @@ def _ops(block=BLOCK):
 def assert_same(kernel_state, ref_state):
     for got, want in zip(kernel_state.groups, ref_state.groups):
         assert torch.equal(got.rows.cpu(), want.rows.cpu()), f"rows differ in group {got.group} half {got.half}"
+        if got.kv_words is not None:
+            assert torch.equal(fingerprint_table(got).cpu(), fingerprint_table(want).cpu()), (
+                f"layer fingerprints differ in group {got.group} half {got.half}")
     assert kernel_state.counters.tolist() == ref_state.counters.tolist()
     assert kernel_state.group_verified.tolist() == ref_state.group_verified.tolist()
     assert int(kernel_state.ring_count[0]) == int(ref_state.ring_count[0])
@@ -62,6 +65,18 @@ def run_both(sc, ops, passes=("pre", "post")):
             reference.post_forward(ref.state, ref.plan)
     assert_same(sc.state, ref.state)
     return sc, ref
+
+
+@pytest.mark.parametrize("layer_chunk,few_layers", [(1, 1), (2, 4), (4, 2), (8, 8)])
+def test_post_pass_fingerprints_every_layer_whatever_the_chunk(device, layer_chunk, few_layers):
+    # 5 layers: chunks of 2 and 4 end in a partial chunk, 8 holds every layer in one. Blocks of 8 lanes: the
+    # 9-token extend fills one (all lanes, chunks of layer_chunk) and leaves one live lane in the next (with
+    # the decode-like blocks, chunks of few_layers).
+    sc = make_scenario("swa", "partial", True, seed=3, num_reqs=3, max_bs=4, prefix_lens=[7, 0, 4],
+                       extend_lens=[1, 9, 2], swa_window=6, max_context=32, full_slots=128, swa_slots=64,
+                       layers=5, device=device)
+    run_both(sc, TritonCanaryOps(block=BLOCK, programs=3, layer_chunk=layer_chunk, few_layers=few_layers))
+    assert violations(sc.state) == []
 
 
 @pytest.mark.parametrize("layout,v_half,realkv,token_offset", CASES)

@@ -34,31 +34,30 @@ def running_request(harness, rng, min_cached=2, quiet=False):
 @pytest.mark.parametrize("quiet", [True, False], ids=["next_step_decodes", "any_next_step"])
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
 def test_slot_freed_while_read_is_reported_at_the_next_read(layout, quiet):
-    """Reported by the first forward of the request after the free: ``freed`` while the row still reads as
-    freed when that forward starts, ``position`` once another request's new token took the slot first."""
+    """Reported by the first forward of the request after the free: ``freed`` when the row still reads as freed
+    at that forward's pass (its mark comes first in the pass), ``position`` once another request's new token
+    took the slot in an earlier forward."""
     logging.getLogger("canary_instrument.runtime").setLevel(logging.CRITICAL)
     harness = instrumented(layout, max_total_tokens=768, max_context_len=256, chunked_prefill_size=48,
                            sliding_window_size=16)
     rng = random.Random(5)
     req = running_request(harness, rng, quiet=quiet)
     assert harness.manager.flush() == []
-    scheduler, rows = harness.engine.scheduler, harness.manager.state.groups[0].rows
+    scheduler = harness.engine.scheduler
     position = rng.randrange(req.cached_len)
     slot = int(scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, position])
-    seen = []  # the row's position field as each forward starts, and whether the request is in it
-    harness.hooks.before_forward.append(
-        lambda fb: seen.append((int(rows[slot, 1]), req.req_pool_idx in fb.req_pool_indices.tolist())))
+    reads = []  # whether each forward since the free reads the request
+    harness.hooks.before_forward.append(lambda fb: reads.append(req.req_pool_idx in fb.req_pool_indices.tolist()))
     scheduler.allocator.free(torch.tensor([slot], dtype=torch.int64))  # an allocator bug: freed while in use
-    while not any(read for _, read in seen):
+    while not any(reads):
         harness.engine.step()
-    marked = seen[-1][0]
-    assert marked == FREED_POSITION or not quiet, "a decode-only next step reuses the slot only inside its forward"
     found = [v for v in harness.manager.flush() if (v.req_pool_index, v.position) == (req.req_pool_idx, position)]
     assert found, "the request's next read must report the freed slot"
-    if marked == FREED_POSITION:
-        assert all("freed" in v.reasons and "position" not in v.reasons for v in found if v.group == "full")
+    full = [v for v in found if v.group == "full"]
+    if quiet or len(reads) == 1:  # no forward between the free and the read could have reused the slot
+        assert all("freed" in v.reasons and "position" not in v.reasons for v in full)
     else:
-        assert all("position" in v.reasons for v in found if v.group == "full")
+        assert all("freed" in v.reasons for v in full) or all("position" in v.reasons for v in full)
 
 
 def test_req_pool_without_alloc_runs_without_the_identity_check(caplog):
