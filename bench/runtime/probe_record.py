@@ -9,7 +9,7 @@ call. Every way but the empty call fills the staging buffer alike, so every step
 tokens and nothing is reported. Interleaving puts the ways on the same machine, engine and step
 mix, which separate runs on lent machines do not (their spread is larger than the differences).
 (Its first version, commit 0878778, compared the ``index_copy_`` by row the runtime shipped
-before: results/h100_probe_record.txt.)
+before; its page is in git history.)
 
     PYTHONPATH=$PWD python bench/runtime/probe_record.py --bs 8 64 256 --steps 300
 """
