@@ -120,7 +120,8 @@ def main(argv=None):
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                   else platform.processor() or platform.machine())
     table = markdown(rows)
     print(table)
     if args.out:
