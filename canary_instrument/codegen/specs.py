@@ -1,8 +1,9 @@
-"""The kernel specialisation grid: one rendered file per (family, layout, v_half, realkv).
+"""The kernel specialisation grid: one rendered file per (family, layout, v_half, realkv), and per
+clock for the layout-free timing-jitter family.
 
-A family is one template (the per-forward passes, the idle-cache sweep); a specialisation is a
-dict of axis values; its file name spells the family and every axis, so a listing of kernels/
-is a table of what exists.
+A family is one template (the per-forward passes, the idle-cache sweep, the jitter wait); a
+specialisation is a dict of axis values; its file name spells the family and every axis, so a
+listing of kernels/ is a table of what exists.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ REALKV_MODES = ("none", "partial", "all")
 TEMPLATE = "canary.py.jinja"
 # Kernel family -> its template. "canary": pre/post-forward passes; "sweep": idle-cache sweep.
 TEMPLATES = {"canary": TEMPLATE, "sweep": "sweep.py.jinja"}
-FAMILIES = tuple(TEMPLATES)
+JITTER_TEMPLATE = "jitter.py.jinja"
+# The jitter wait's clock: the GPU's %globaltimer, or none (Triton's CPU interpreter has no timer:
+# the kernel draws and counts, and does not wait).
+CLOCKS = ("globaltimer", "none")
+FAMILIES = (*TEMPLATES, "jitter")
 PARTIAL_WORDS = 2  # 16 bytes of layer 0's row
 
 
@@ -73,10 +78,43 @@ class Spec:
         }
 
 
+@dataclass(frozen=True)
+class JitterSpec:
+    """The timing-jitter wait kernel (runtime/jitter.py): no pool layout, one axis, the clock."""
+
+    clock: str
+    family: str = "jitter"
+
+    @property
+    def axes(self) -> dict[str, str]:
+        return {"clock": self.clock}
+
+    @property
+    def template(self) -> str:
+        return JITTER_TEMPLATE
+
+    @property
+    def stem(self) -> str:
+        return f"{self.family}_clock_{self.clock}"
+
+    @property
+    def filename(self) -> str:
+        return self.stem + ".py"
+
+    def context(self) -> dict:
+        return {"clock": self.clock}
+
+
+def jitter_spec(clock: str) -> JitterSpec:
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r} is not one of {', '.join(CLOCKS)}")
+    return JitterSpec(clock)
+
+
 def all_specs(layouts: tuple[str, ...] | list[str] | None = None, family: str = "canary") -> list[Spec]:
     """Every specialisation of one kernel family, optionally only those of ``layouts``; MLA has no V half."""
     if family not in TEMPLATES:
-        raise ValueError(f"unknown kernel family {family!r}; known families: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown layout kernel family {family!r}; known families: {', '.join(TEMPLATES)}")
     chosen = LAYOUTS if not layouts else tuple(layouts)
     unknown = [x for x in chosen if x not in LAYOUTS]
     if unknown:
@@ -89,15 +127,19 @@ def all_specs(layouts: tuple[str, ...] | list[str] | None = None, family: str = 
     return specs
 
 
-def every_spec(layouts: tuple[str, ...] | list[str] | None = None) -> list[Spec]:
-    """The specialisations of every family: what ``build-kernels`` renders."""
-    return [spec for family in FAMILIES for spec in all_specs(layouts, family)]
+def every_spec(layouts: tuple[str, ...] | list[str] | None = None) -> list:
+    """The specialisations of every family: what ``build-kernels`` renders (the layout-free jitter
+    kernels only when no layout is chosen)."""
+    specs: list = [spec for family in TEMPLATES for spec in all_specs(layouts, family)]
+    if not layouts:
+        specs += [JitterSpec(clock) for clock in CLOCKS]
+    return specs
 
 
 def spec_for(layout: str, v_half: bool, realkv: str, family: str = "canary") -> Spec:
     """The specialisation for a runtime pool; raises ValueError naming the bad axis."""
     if family not in TEMPLATES:
-        raise ValueError(f"family={family!r} is not one of {', '.join(FAMILIES)}")
+        raise ValueError(f"family={family!r} is not one of {', '.join(TEMPLATES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
     if realkv not in REALKV_MODES:

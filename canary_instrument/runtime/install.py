@@ -105,6 +105,10 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         process_group=find_process_group(model_runner),
     )
     manager.request_side = side
+    if settings.jitter_max_us:
+        from canary_instrument.runtime.jitter import install_jitter
+
+        manager.jitter = install_jitter(manager, pool, settings)
     bracket_model_forward(model, manager)
     if sampled is not None:
         wrap_sample(model_runner, manager)

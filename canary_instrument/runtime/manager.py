@@ -197,6 +197,7 @@ class CanaryManager:
         # Req-pool allocations and KV frees noted by the allocator wrappers (request_side.py); applied at
         # the next forward site's entry, on the forward's stream.
         self.request_side: Any = None
+        self.jitter: Any = None  # timing jitter (jitter.py), set by install_canary when switched on
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._readback = DelayedReadback(self._status, state.ring)
         # Post-forward passes planned by the end of step s, at s % _STEPS_REMEMBERED, for the last steps:

@@ -18,6 +18,11 @@ from canary_instrument.runtime.perturb.settings import PerturbSettings, load_per
 MODES = ("none", "log", "raise")
 REAL_KV_MODES = ("none", "partial", "all")
 BACKENDS = ("auto", "triton", "torch")
+# Where timing jitter may wait (runtime/jitter.py): before/after the pre-forward pass, before/after each
+# layer's KV write (the pool's set_kv_buffer, where attention starts), before/after the post-forward pass.
+JITTER_POINTS = ("pre_before", "pre_after", "attn_before", "attn_after", "post_before", "post_after")
+# A longer wait per point is a unit mistake (nanoseconds given as microseconds) and would look like a hang.
+JITTER_MAX_US_LIMIT = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ class CanarySettings:
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off
     sweep_interval: int = 0
     sweep_slots: int = 4096  # [kv_canary_sweep_slots / KV_CANARY_SWEEP_SLOTS] cached slots verified per sweep slice
+    # [kv_canary_jitter_max_us / SGLANG_KV_CANARY_JITTER_MAX_US] longest spin wait per jitter point, 0 = off
+    jitter_max_us: int = 0
+    jitter_seed: int = 0  # [kv_canary_jitter_seed / SGLANG_KV_CANARY_JITTER_SEED] same seed, same wait sequence
+    # [kv_canary_jitter_points / SGLANG_KV_CANARY_JITTER_POINTS] comma list of JITTER_POINTS, or "all"
+    jitter_points: tuple = JITTER_POINTS
     # [kv_canary_perturb*, SGLANG_KV_CANARY_PERTURB* (perturb/settings.py)] self-test perturbations, off by default
     perturb: PerturbSettings = field(default_factory=PerturbSettings)
 
@@ -85,6 +95,30 @@ def _int_at_least(name: str, value: Any, minimum: int) -> int:
     if number < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
     return number
+
+
+def _jitter_max_us(name: str, value: Any) -> int:
+    number = _non_negative_int(name, value)
+    if number > JITTER_MAX_US_LIMIT:
+        raise ValueError(f"{name} must be at most {JITTER_MAX_US_LIMIT} microseconds; got {value!r}")
+    return number
+
+
+def _seed(name: str, value: Any) -> int:
+    number = _non_negative_int(name, value)
+    if number >= 1 << 63:
+        raise ValueError(f"{name} must be below 2**63; got {value!r}")
+    return number
+
+
+def _jitter_points(name: str, value: Any) -> tuple:
+    names = [part.strip().lower() for part in str(value).split(",") if part.strip()]
+    if names == ["all"]:
+        return JITTER_POINTS
+    unknown = [n for n in names if n not in JITTER_POINTS]
+    if unknown or not names:
+        raise ValueError(f"{name} must be 'all' or a comma list of {', '.join(JITTER_POINTS)}; got {value!r}")
+    return tuple(p for p in JITTER_POINTS if p in names)
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -126,6 +160,9 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "token_window": ((), ("KV_CANARY_TOKEN_WINDOW",), _non_negative_int),
     "sweep_interval": (("kv_canary_sweep_interval",), ("KV_CANARY_SWEEP_INTERVAL",), _non_negative_int),
     "sweep_slots": (("kv_canary_sweep_slots",), ("KV_CANARY_SWEEP_SLOTS",), _positive_int),
+    "jitter_max_us": (("kv_canary_jitter_max_us",), ("SGLANG_KV_CANARY_JITTER_MAX_US",), _jitter_max_us),
+    "jitter_seed": (("kv_canary_jitter_seed",), ("SGLANG_KV_CANARY_JITTER_SEED",), _seed),
+    "jitter_points": (("kv_canary_jitter_points",), ("SGLANG_KV_CANARY_JITTER_POINTS",), _jitter_points),
 }
 
 # sglang variables with no counterpart here: set to a value that asks for the feature, they are

@@ -29,13 +29,13 @@ def test_every_axis_in_the_name_and_header(tmp_path):
     render_kernels(TEMPLATES, tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(all_specs()) == len(all_specs(family="sweep")) == 15
-    assert len(manifest) == len(every_spec()) == 30
+    assert len(manifest) == len(every_spec()) == 32  # 15 per-forward, 15 sweep, 2 jitter (one per clock)
     for spec in every_spec():
         text = (tmp_path / spec.filename).read_text()
         head = text.splitlines()[:4]
         assert f"templates/{spec.template}" in head[0]
         assert manifest[spec.filename]["template"] == spec.template
-        assert spec.filename.startswith(f"{spec.family}_layout_")
+        assert spec.filename.startswith(f"{spec.family}_layout_" if spec.family != "jitter" else "jitter_clock_")
         assert head[1].startswith(f"# template: {spec.template} sha256:")
         assert head[2] == "# axes: " + " ".join(f"{k}={v}" for k, v in spec.axes.items())
         assert head[3] == f"# content-sha256: {manifest[spec.filename]['content_sha256']}"
@@ -46,7 +46,7 @@ def test_every_axis_in_the_name_and_header(tmp_path):
 
 def test_writes_only_files_that_differ(tmp_path):
     first = render_kernels(TEMPLATES, tmp_path)
-    assert len(first.written) == 32  # 15 per-forward and 15 sweep kernels + manifest + package init
+    assert len(first.written) == 34  # 15 per-forward, 15 sweep and 2 jitter kernels + manifest + package init
     stamp = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     target = tmp_path / all_specs()[0].filename
     target.write_text(target.read_text() + "# local edit\n")

@@ -40,5 +40,5 @@ def _clean_canary_env(monkeypatch):
     ):
         monkeypatch.delenv(var, raising=False)
     for var in list(os.environ):
-        if var.startswith("SGLANG_KV_CANARY_PERTURB"):
+        if var.startswith(("SGLANG_KV_CANARY_PERTURB", "SGLANG_KV_CANARY_JITTER")):
             monkeypatch.delenv(var, raising=False)
