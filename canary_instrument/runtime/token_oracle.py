@@ -8,9 +8,9 @@ outputs. Upstream's oracle (sglang 0.5.23 ``kv_canary/token_oracle``) checks dec
 extend-like forward takes its own ``input_ids`` as the expectation.
 
 The hash is upstream's ``HashOracle``: ``token = mix64(rid ^ position ^ S) mod vocab`` on uint64, with
-``mix64`` the splitmix64 finalizer, ``rid`` upstream's request id (the first 8 bytes of blake2b of
-``req.rid``, little-endian signed) and ``S = 0`` for seed 0 (upstream's tokens exactly) or
-``mix64(seed)`` otherwise.
+``mix64`` the splitmix64 finalizer, ``rid`` upstream's request id (the PD bootstrap room when set, else
+the first 8 bytes of blake2b of ``req.rid``, little-endian signed) and ``S = 0`` for seed 0 (upstream's
+tokens exactly) or ``mix64(seed)`` otherwise.
 
 Per req-pool row the oracle keeps two device words: the request id and where the oracle's tokens start
 (the prompt length; -1 = not known yet, nothing checked). They are set from the engine's req-pool
@@ -45,6 +45,15 @@ def request_id(rid: Any) -> int:
     """Upstream's request id of a request's ``rid`` (``forward_batch_info._stable_hash_str_to_i64``)."""
     digest = hashlib.blake2b(str(rid).encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+def generalized_request_id(req: Any) -> int:
+    """Upstream's id of a request (``select_generalized_req_ids``): its PD-disaggregation bootstrap room
+    when it has one (>= 0), so prefill and decode servers agree, else ``request_id(req.rid)``."""
+    room = getattr(req, "bootstrap_room", None)
+    if isinstance(room, int) and room >= 0:
+        return room
+    return request_id(req.rid)
 
 
 def seed_word(seed: int) -> int:
@@ -110,7 +119,7 @@ class TokenOracle:
             return
         for row, req in zip(rows, reqs):
             prompt = getattr(req, "origin_input_ids", None)
-            self._notes[int(row)] = (request_id(req.rid), -1 if prompt is None else len(prompt))
+            self._notes[int(row)] = (generalized_request_id(req), -1 if prompt is None else len(prompt))
         self.pending = bool(self._notes)
 
     def note_rows(self, rows: Any) -> None:
@@ -143,10 +152,12 @@ class TokenOracle:
     def sample(self, forward_batch: Any, next_token_ids: Any) -> Any:
         """The oracle's tokens in place of ``next_token_ids`` (one per request): position ``seq_lens[i]``
         is the one after request i's last input. A target verify's output is left alone."""
+        import torch
+
         if next_token_ids is None or forward_kind(forward_batch) not in (DECODE, EXTEND):
             return next_token_ids
         n = int(next_token_ids.shape[0])
-        rows = forward_batch.req_pool_indices[:n].to(torch_int64())
+        rows = forward_batch.req_pool_indices[:n].to(torch.int64)
         tokens = oracle_tokens(self.rid[rows], forward_batch.seq_lens[:n], self.vocab, self.seed_value)
         return tokens.to(next_token_ids.dtype)
 
@@ -211,19 +222,22 @@ class TokenOracle:
         self.ring_count.add_(total)
 
 
-def torch_int64() -> Any:
-    import torch
-
-    return torch.int64
-
-
 # ---------------------------------------------------------------------- engine wiring
 
 
-def install_token_oracle(model_runner: Any, manager: Any, settings: Any) -> TokenOracle:
+def install_token_oracle(model_runner: Any, manager: Any, settings: Any, server_args: Any = None) -> TokenOracle:
     """Build the oracle of a target runner, wrap its ``sample`` and its req-pool allocation (on the instance),
     and hand it to ``manager`` (``manager.token_oracle``: the site entry applies its notes, the pre-forward
     pass checks the inputs). Call before the sampled-token wrap, so that one records the oracle's tokens."""
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    if algorithm:
+        # A target verify keeps the draft's guesses the model accepts, not the oracle's tokens, so a later
+        # extend of such a request (a retraction's re-prefill) would be reported against the oracle.
+        raise ValueError(
+            f"kv canary: the token oracle is not supported with speculative decoding "
+            f"(server_args.speculative_algorithm={algorithm!r}): a target verify accepts the draft's tokens, "
+            "not the oracle's"
+        )
     state = manager.state
     vocab = vocab_size(model_runner)
     oracle = TokenOracle(rows=int(state.req_to_token.shape[0]), device=manager.device, vocab=vocab,

@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from canary_instrument.runtime.settings import load_settings, unsupported_upstream
 from canary_instrument.runtime.token_oracle import (
     TokenOracle,
+    generalized_request_id,
     oracle_token_int,
     oracle_tokens,
     request_id,
@@ -58,6 +60,9 @@ def test_request_id_is_upstreams_rid_hash():
     exec(compile(ast.Module(body=[function], type_ignores=[]), "forward_batch_info.py", "exec"), namespace)
     for rid in ("0", "a3f9c1e2b7d04e5f8a6b1c2d3e4f5a6b", "chat-ß-1"):
         assert request_id(rid) == namespace["_stable_hash_str_to_i64"](rid)
+    # PD disaggregation: the bootstrap room, as upstream's select_generalized_req_ids, so both servers agree.
+    assert generalized_request_id(SimpleNamespace(rid="x", bootstrap_room=77)) == 77
+    assert generalized_request_id(SimpleNamespace(rid="x", bootstrap_room=None)) == request_id("x")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345])
@@ -201,7 +206,8 @@ def test_a_wrong_token_in_a_pure_decode_is_caught_by_the_oracle_and_the_sampled_
     harness.hooks.before_forward.append(corrupt)
     harness.engine.step()
     violations = harness.manager.flush()
-    assert {(v.kernel, r) for v in violations for r in v.reasons} == {("token_oracle", "oracle"), ("post_forward", "token")}
+    found = {(v.kernel, r) for v in violations for r in v.reasons}
+    assert found == {("token_oracle", "oracle"), ("post_forward", "token")}
     assert {v.position for v in violations} == {len(req.origin_input_ids) + 1}  # prefill, decode, this decode
 
 
@@ -217,12 +223,17 @@ def test_oracle_check_off_keeps_the_sampler(monkeypatch):
     assert first.output_ids[0] == oracle_token_int(rid, len(first.origin_input_ids), 128)
 
 
+def test_the_oracle_refuses_speculative_decoding(monkeypatch):
+    monkeypatch.setenv("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", "1")
+    with pytest.raises(ValueError, match=r"the token oracle is not supported with speculative decoding "
+                                         r"\(server_args.speculative_algorithm='EAGLE'\)"):
+        instrumented("mha", speculative_algorithm="EAGLE")
+
+
 @pytest.mark.gpu
 def test_the_check_runs_inside_a_cuda_graph_without_a_host_sync():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from types import SimpleNamespace
-
     from canary_instrument.runtime.state import PlanInputs
 
     dev = torch.device("cuda")
