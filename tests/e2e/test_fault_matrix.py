@@ -54,6 +54,16 @@ def test_the_mixed_batch_token_fault_is_caught_only_with_the_token_oracle(bench_
     assert not control.caught and control.false_alarms == []
 
 
+@pytest.mark.parametrize("layout", matrix.LAYOUTS)
+def test_clean_run_with_the_token_oracle_and_mixed_batches_reports_nothing(engine_module, layout):
+    oracle = matrix.EngineBench(engine_module, matrix.Variant(layout, False), enable_mixed_chunk=True,
+                                environ={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"})
+    assert oracle.engine.model_runner.canary_manager.token_oracle is not None
+    result = oracle.clean_run(100, seed=11)
+    assert result.violations == []
+    assert result.stats.mixed_batches > 0 and result.stats.chunked_prefills > 0 and result.stats.prefix_hit_tokens > 0
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
 def test_clean_run_reports_nothing(bench_for, variant):
     result = bench_for(variant).clean_run(100, seed=7)
