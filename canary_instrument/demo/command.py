@@ -144,7 +144,9 @@ def _print_matrix(variants, results):
     click.echo("   Most faults are the runtime's own self-test perturbations (kv_canary_perturb), armed once. One made\n"
                "   before a step's forward is caught by that forward (+0); a bit flipped after a forward wrote it, by the\n"
                "   next read (+1 or later); a bit flipped in an idle cached prefix, by the idle-cache sweep (every 2 steps).\n"
-               "   A draft offset is caught when the draft's rows are next compared with the target's (+1 or later).")
+               "   A draft offset is caught when the draft's rows are next compared with the target's (+1 or later).\n"
+               "   A wrong input token for a decode riding in a mixed batch runs on an engine with mixed chunks and the\n"
+               "   token oracle (SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1): only the oracle's input check sees it.")
     width = 16
     click.echo("   " + f"{'fault':<34}" + "".join(f"{v.label:<{width}}" for v in variants))
     for fault in FAULTS.values():

@@ -22,6 +22,7 @@ import torch
 POSITION, LINK, FINGERPRINT, TOKEN, SWA_UNMAPPED = "position", "link", "fingerprint", "token", "swa_unmapped"
 IDENTITY, WRITE_SLOT, FREED = "identity", "write_slot", "freed"
 UNWRITTEN, ROW_BITS = "unwritten", "row_bits"
+ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,15 @@ class Fault:
     needs_swa: bool = False
     perturbation: Optional[str] = None  # a runtime perturbation kind (runtime/perturb), run by the manager
     expected: frozenset = frozenset()  # the reasons that report a perturbation
+    without_eagle: bool = False
+    # What the engine must be built with for this fault: server args and environment variables, as
+    # (name, value) pairs; the bench runs such a fault on an engine of its own (matrix.EngineBench).
+    engine_args: tuple = ()
+    environ: tuple = ()
 
     def applies(self, layout: str, eagle: bool) -> bool:
-        return (eagle or not self.needs_eagle) and (layout == "swa" or not self.needs_swa)
+        return ((eagle or not self.needs_eagle) and not (eagle and self.without_eagle)
+                and (layout == "swa" or not self.needs_swa))
 
     def arm(self, engine: Any, rng: random.Random):
         if self.perturbation is not None:
@@ -215,6 +222,32 @@ def swa_mapping(engine, rng, **_) -> Optional[tuple[str, frozenset]]:
     )
 
 
+def mixed_decode_token(engine, rng, forward_batch=None, **_) -> Optional[tuple[str, frozenset]]:
+    """A request decoding in a mixed batch (its next token riding in a chunked prefill) is fed a wrong input
+    token: a scheduler bug on the mixed path. The sampled-token check reads pure decodes only, and the row
+    written from the wrong token chains consistently, so only the token oracle's input check sees it."""
+    if forward_batch is None or not forward_batch.forward_mode.is_mixed():
+        return None
+    oracle = getattr(engine.model_runner.canary_manager, "token_oracle", None)  # None: the control run
+    lens = list(forward_batch.extend_seq_lens_cpu)
+    rows = forward_batch.req_pool_indices.tolist()
+    riding = {r.req_pool_idx: r for r in engine.scheduler.running}
+    # The reference engine's req pool hands out rows without their requests, so the oracle learns where a
+    # request's sampled tokens start from its first pure decode; one riding before that is not checked yet.
+    candidates = [i for i, (row, n) in enumerate(zip(rows, lens))
+                  if row in riding and n == 1 and (oracle is None or int(oracle.prompt_len[row]) >= 0)]
+    if not candidates:
+        return None
+    i = rng.choice(candidates)
+    at = sum(lens[:i])
+    vocab = engine.server_args.vocab_size
+    old = int(forward_batch.input_ids[at])
+    new = (old + 1 + rng.randrange(vocab - 1)) % vocab
+    forward_batch.input_ids[at] = new
+    position = int(forward_batch.positions[at])
+    return f"req {riding[rows[i]].rid} position {position}: input token {old} -> {new} in a mixed batch", {ORACLE}
+
+
 def _perturbation(name: str, title: str, kind: str, expected: set) -> Fault:
     return Fault(name, title, "manager", perturbation=kind, expected=frozenset(expected))
 
@@ -236,5 +269,8 @@ FAULTS: dict[str, Fault] = {
         _perturbation("row_high_bit", "row token bit 32-63 flipped", "row_high_bit", {ROW_BITS}),
         Fault("eagle_offset", "EAGLE draft position off by one", "draft_extend_batch", eagle_offset, needs_eagle=True),
         Fault("swa_mapping", "SWA mapping entry corrupted", "step_end", swa_mapping, needs_swa=True),
+        Fault("mixed_decode_token", "wrong input token, mixed batch", "batch_built", mixed_decode_token,
+              without_eagle=True, engine_args=(("enable_mixed_chunk", True),),
+              environ=(("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", "1"),)),
     )
 }

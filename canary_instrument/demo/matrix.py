@@ -9,7 +9,9 @@ runs out (missed). Engines are built once per variant and reset between trials.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -93,12 +95,15 @@ class CleanResult:
 class EngineBench:
     """One instrumented engine for one variant, reused across trials."""
 
-    def __init__(self, engine_module, variant: Variant, **overrides):
+    def __init__(self, engine_module, variant: Variant, environ: Optional[dict] = None, **overrides):
         args = dict(ENGINE_DEFAULTS, attention_layout=variant.layout, **overrides)
         if variant.eagle:
             args["speculative_algorithm"] = "EAGLE"
         self.variant = variant
-        self.engine = engine_module.Engine(**args)
+        self._module, self._overrides, self._environ = engine_module, overrides, dict(environ or {})
+        self._siblings: dict = {}  # (engine args, environ) of a fault -> the bench built with them
+        with _environ(self._environ):  # the canary reads its settings once, at install
+            self.engine = engine_module.Engine(**args)
         self.managers = [m for m in (getattr(r, "canary_manager", None) for r in self.engine.model_runners) if m]
         if not self.managers:
             raise RuntimeError(
@@ -122,6 +127,9 @@ class EngineBench:
         return self.flush()
 
     def run_trial(self, fault: Fault, seed: int, warmup: tuple[int, int] = (3, 12), max_wait: int = 24) -> TrialResult:
+        bench = self._bench_for(fault)
+        if bench is not self:
+            return bench.run_trial(fault, seed, warmup, max_wait)
         rng = random.Random(seed)
         self.reset()
         workload = Workload(self.engine, rng)
@@ -148,6 +156,16 @@ class EngineBench:
         result.injection = armed.injection
         return result
 
+    def _bench_for(self, fault: Fault) -> "EngineBench":
+        """This bench, or a sibling whose engine has the settings ``fault`` needs (built once)."""
+        args, environ = dict(self._overrides, **dict(fault.engine_args)), dict(self._environ, **dict(fault.environ))
+        if args == self._overrides and environ == self._environ:
+            return self
+        key = (fault.engine_args, fault.environ)
+        if key not in self._siblings:
+            self._siblings[key] = EngineBench(self._module, self.variant, environ=environ, **args)
+        return self._siblings[key]
+
     def clean_run(self, steps: int, seed: int) -> CleanResult:
         rng = random.Random(seed)
         self.reset()
@@ -159,6 +177,20 @@ class EngineBench:
             violations.extend(self.step(workload))
         seconds = time.perf_counter() - start
         return CleanResult(self.variant, steps, violations, _diff_stats(self.engine.scheduler.stats, stats_before), seconds)
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _copy_stats(stats):

@@ -110,6 +110,11 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
 
         manager.jitter = install_jitter(manager, pool, settings)
     bracket_model_forward(model, manager)
+    if settings.token_oracle and not is_draft:
+        from canary_instrument.runtime.token_oracle import install_token_oracle
+
+        # Before the sampled-token wrap: that one records the oracle's tokens, not the model's.
+        install_token_oracle(model_runner, manager, settings, server_args)
     if sampled is not None:
         wrap_sample(model_runner, manager)
     if not is_draft:

@@ -141,6 +141,8 @@ class SingleForwardManager:
         self.plan = plan = plan_from_batch(forward_batch, manager.enabled, index=self.index, draft=manager.is_draft)
         if plan is not None:
             manager.ops.pre_forward(manager.state, plan, input_ids)
+            if manager.token_oracle is not None:
+                manager.token_oracle.check(plan, input_ids, forward_batch)
 
     def post_ops_maybe_inside_graph(self) -> None:
         manager = self._manager
@@ -198,6 +200,8 @@ class CanaryManager:
         # the next forward site's entry, on the forward's stream.
         self.request_side: Any = None
         self.jitter: Any = None  # timing jitter (jitter.py), set by install_canary when switched on
+        # The token oracle (token_oracle.py, target only; None = off): its noted rows are applied at the same point.
+        self.token_oracle: Any = None
         self.single_forward_managers = [SingleForwardManager(i, self) for i in range(num_single_forward)]
         self._readback = DelayedReadback(self._status, state.ring)
         # Post-forward passes planned by the end of step s, at s % _STEPS_REMEMBERED, for the last steps:
@@ -754,6 +758,9 @@ class _Site:
         side = manager.request_side
         if side is not None and side.pending and self.listing is not None:
             side.apply()  # before this forward, after every forward launched before the allocations and frees
+        oracle = manager.token_oracle
+        if oracle is not None and oracle.pending and self.listing is not None:
+            oracle.apply()
         if self._ready and manager._fast and manager._open is None and manager._active is None:
             batch = self.batch
             try:  # plain attribute reads (getattr with a default is a call); a batch without them goes general

@@ -59,6 +59,13 @@ class CanarySettings:
     jitter_seed: int = 0  # [kv_canary_jitter_seed / SGLANG_KV_CANARY_JITTER_SEED] same seed, same wait sequence
     # [kv_canary_jitter_points / SGLANG_KV_CANARY_JITTER_POINTS] comma list of JITTER_POINTS, or "all"
     jitter_points: tuple = JITTER_POINTS
+    # [sampling_backend == "token_oracle" (upstream's --sampling-backend), kv_canary_token_oracle /
+    #  SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE] the token oracle (token_oracle.py): sampler override + input check
+    token_oracle: bool = False
+    # [kv_canary_token_oracle_check / SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT] the oracle's write-time input check
+    token_oracle_check: bool = True
+    # [kv_canary_token_oracle_seed / SGLANG_KV_CANARY_TOKEN_ORACLE_SEED] 0 = upstream's tokens exactly
+    token_oracle_seed: int = 0
     # [kv_canary_perturb*, SGLANG_KV_CANARY_PERTURB* (perturb/settings.py)] self-test perturbations, off by default
     perturb: PerturbSettings = field(default_factory=PerturbSettings)
 
@@ -121,6 +128,13 @@ def _jitter_points(name: str, value: Any) -> tuple:
     return tuple(p for p in JITTER_POINTS if p in names)
 
 
+def _oracle_backend(name: str, value: Any) -> bool:
+    """sglang's ``sampling_backend`` asks for the oracle by name; the other sources are flags."""
+    if name == "server_args.sampling_backend":
+        return str(value).strip().lower() == "token_oracle"
+    return _flag(name, value)
+
+
 def _flag(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -163,14 +177,22 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "jitter_max_us": (("kv_canary_jitter_max_us",), ("SGLANG_KV_CANARY_JITTER_MAX_US",), _jitter_max_us),
     "jitter_seed": (("kv_canary_jitter_seed",), ("SGLANG_KV_CANARY_JITTER_SEED",), _seed),
     "jitter_points": (("kv_canary_jitter_points",), ("SGLANG_KV_CANARY_JITTER_POINTS",), _jitter_points),
+    # A server arg that names another sampling backend turns the oracle off whatever the variable says,
+    # as upstream (the variable only lets sglang accept --sampling-backend token_oracle).
+    "token_oracle": (
+        ("sampling_backend", "kv_canary_token_oracle"), ("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE",), _oracle_backend,
+    ),
+    "token_oracle_check": (
+        ("kv_canary_token_oracle_check",), ("SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT",), _flag,
+    ),
+    "token_oracle_seed": (
+        ("kv_canary_token_oracle_seed",), ("SGLANG_KV_CANARY_TOKEN_ORACLE_SEED",), _non_negative_int,
+    ),
 }
 
 # sglang variables with no counterpart here: set to a value that asks for the feature, they are
 # named in one warning at install, so nobody believes a self-test is running when it is not.
-_UPSTREAM_ONLY = {
-    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "upstream's token-oracle input check",
-    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "upstream's token oracle",
-}
+_UPSTREAM_ONLY: dict[str, str] = {}
 
 
 def load_settings(server_args: Any = None, environ: Optional[Mapping[str, str]] = None) -> CanarySettings:
@@ -202,11 +224,18 @@ def unsupported_upstream(settings: CanarySettings, environ: Optional[Mapping[str
     """The sglang canary knobs that are set but have no effect here, each with why."""
     env = os.environ if environ is None else environ
     found = []
+    if not settings.token_oracle and _flag_set(env.get("SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT", "")):
+        found.append(f"SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT={env['SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT']} "
+                     "(the oracle's input check needs the token oracle: --sampling-backend token_oracle)")
     for var, what in _UPSTREAM_ONLY.items():
         text = str(env.get(var, "")).strip().lower()
         if text not in ("", "0", "0.0", "false", "no", "off"):
             found.append(f"{var}={env[var]} ({what})")
     return found
+
+
+def _flag_set(value: Any) -> bool:
+    return str(value).strip().lower() not in ("", "0", "0.0", "false", "no", "off")
 
 
 def warn_unsupported_upstream(server_args: Any, environ: Optional[Mapping[str, str]] = None) -> None:

@@ -29,6 +29,8 @@ FREED = 256
 UNWRITTEN = 512
 # Bits of a row that no field uses are set: the token word's high 32 bits (tokens are 32-bit).
 ROW_BITS = 1024
+# Token oracle (runtime/token_oracle.py): a written input id past the prompt differs from the oracle's token.
+ORACLE = 2048
 REASON_NAMES = {
     POSITION: "position",
     LINK: "link",
@@ -41,6 +43,7 @@ REASON_NAMES = {
     FREED: "freed",
     UNWRITTEN: "unwritten",
     ROW_BITS: "row_bits",
+    ORACLE: "oracle",
 }
 
 # A canary row whose slot the KV allocator freed carries this position until its next writer rewrites it.
@@ -55,7 +58,9 @@ IDENTITY_OFF, IDENTITY_LAST_NEW, IDENTITY_FIRST_NEW = 0, 1, 2
 KERNEL_PRE = 1
 KERNEL_POST = 2
 KERNEL_SWEEP = 3  # idle-cache sweep (runtime/sweep.py); its records carry req_pool_index -1
-KERNEL_NAMES = {KERNEL_PRE: "pre_forward", KERNEL_POST: "post_forward", KERNEL_SWEEP: "sweep"}
+KERNEL_ORACLE = 4  # the token oracle's input check (runtime/token_oracle.py), in the pre-forward bracket
+KERNEL_NAMES = {KERNEL_PRE: "pre_forward", KERNEL_POST: "post_forward", KERNEL_SWEEP: "sweep",
+                KERNEL_ORACLE: "token_oracle"}
 
 GROUP_FULL = 0
 GROUP_SWA = 1

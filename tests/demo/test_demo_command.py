@@ -36,8 +36,11 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
                           ("slot freed while read", "freed")):
         row = next(line for line in out.splitlines() if title in line)
         assert row.split()[-4:] == ["+0", reason, "+0", reason]  # the request-side checks, on the step
+    mixed_row = next(line for line in out.splitlines() if "wrong input token, mixed batch" in line)
+    # The token oracle, on the step; the reference engine runs no mixed batches with EAGLE.
+    assert mixed_row.split()[-3:] == ["+0", "oracle", "n/a"]
     assert "MISSED" not in out
-    assert "Result: 27/27 injected faults caught; 0 violations" in out
+    assert "Result: 28/28 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2
 
 

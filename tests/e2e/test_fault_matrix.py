@@ -7,9 +7,12 @@ eviction, the SWA window and EAGLE all exercised. On a CUDA machine the same tes
 with CUDA graphs (decode and draft-extend) and the Triton kernels.
 """
 
+import dataclasses
+
 import pytest
 
 from canary_instrument.demo import matrix
+from canary_instrument.demo.faults import FAULTS
 
 VARIANTS = matrix.all_variants()
 
@@ -36,6 +39,29 @@ def _run_matrix(bench, variant, trials, seed_base):
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)
 def test_every_fault_is_caught_reduced_matrix(bench_for, variant):
     _run_matrix(bench_for(variant), variant, trials=2, seed_base=100)
+
+
+@pytest.mark.parametrize("layout", matrix.LAYOUTS)
+def test_the_mixed_batch_token_fault_is_caught_only_with_the_token_oracle(bench_for, layout):
+    variant = matrix.Variant(layout, False)
+    fault = FAULTS["mixed_decode_token"]
+    with_oracle = bench_for(variant).run_trial(fault, seed=5)
+    assert with_oracle.caught and with_oracle.reasons == {"oracle"} and with_oracle.example.kernel == "token_oracle"
+    # The same engine settings without the oracle (the model's own tokens, so another request is hit): the
+    # fault is injected, and no check reports anything.
+    control = bench_for(variant).run_trial(dataclasses.replace(fault, environ=()), seed=5)
+    assert control.injection is not None and "in a mixed batch" in control.injection.description
+    assert not control.caught and control.false_alarms == []
+
+
+@pytest.mark.parametrize("layout", matrix.LAYOUTS)
+def test_clean_run_with_the_token_oracle_and_mixed_batches_reports_nothing(engine_module, layout):
+    oracle = matrix.EngineBench(engine_module, matrix.Variant(layout, False), enable_mixed_chunk=True,
+                                environ={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"})
+    assert oracle.engine.model_runner.canary_manager.token_oracle is not None
+    result = oracle.clean_run(100, seed=11)
+    assert result.violations == []
+    assert result.stats.mixed_batches > 0 and result.stats.chunked_prefills > 0 and result.stats.prefix_hit_tokens > 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.label)

@@ -37,6 +37,9 @@ def _clean_canary_env(monkeypatch):
         "SGLANG_KV_CANARY_SWA_DIVERGENCE_STATS_INTERVAL",
         "KV_CANARY_SWEEP_INTERVAL",
         "KV_CANARY_SWEEP_SLOTS",
+        "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE",
+        "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT",
+        "SGLANG_KV_CANARY_TOKEN_ORACLE_SEED",
     ):
         monkeypatch.delenv(var, raising=False)
     for var in list(os.environ):

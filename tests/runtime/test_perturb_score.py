@@ -56,6 +56,13 @@ def test_each_kind_is_matched_by_what_the_canary_reports_for_it():
     assert result.to_dict()["kinds"]["real_kv_post_forward"]["delay_median"] == 1
 
 
+def test_a_swap_reported_by_the_token_oracle_is_attributed_to_it():
+    swap = inj("next_token_swap", slot=11, position=4, req=1, other_req=3, other_position=8, other_slot=12)
+    seen = vio(step=5, position=4, req=1, reasons=("oracle",), slot=11, kernel="token_oracle")
+    result = score([swap], [seen])
+    assert result.kinds["next_token_swap"].reported == 1 and result.unattributed == []
+
+
 def test_score_log_reads_both_line_kinds():
     flip = inj("real_kv_used", group="full", half="k")
     log = "\n".join([flip.format(), vio().format(), vio(step=6, slot=41).format()])

@@ -8,7 +8,7 @@ An injection is reported by a violation of the same or a later step that names w
 | real_kv_used, real_kv_post_forward, real_kv_unused_cache, real_kv_layer | the flipped slot, in the same group and half, reason ``fingerprint`` |
 | fingerprint_zeroed | the slot, in the same group and half, reason ``unwritten`` |
 | row_high_bit | the slot, in the same group and half, reason ``row_bits`` |
-| next_token_swap | reason ``token`` at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
+| next_token_swap | reason ``token`` (or ``oracle``, with the token oracle on) at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
 | req_row_swap | reason ``identity``, ``link``, ``position`` or ``swa_unmapped`` of either request (the longer one reads the shorter one's slots, outside whose window the SWA group holds nothing; the shorter one's row at ``length`` chains from the other's history) |
 | write_slot | reason ``write_slot`` at either swapped (request, position) |
 | premature_free | reason ``freed`` at the freed slot (FULL group), or ``link`` at the next position in the same forward |
@@ -51,7 +51,7 @@ def matches(injection: Injection, violation: Violation) -> bool:
             and violation.half == injection.half
         )
     if injection.kind == "next_token_swap":
-        if "token" not in reasons:
+        if "token" not in reasons and "oracle" not in reasons:  # the oracle's input check sees a swap too
             return False
         at = {(injection.req, injection.position), (injection.get("other_req"), injection.get("other_position"))}
         if violation.group == "swa":

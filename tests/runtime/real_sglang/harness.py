@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -109,6 +110,7 @@ class RealRunner:
             )
         self.sliding_window_size = window if layout == "swa" else None
         self.model = TinyModel(sg, self.token_to_kv_pool, layout, self.sliding_window_size).to(device)
+        self.model_config = SimpleNamespace(vocab_size=VOCAB)  # sglang's ModelConfig field the token oracle reads
         self.canary_manager = install_canary(server_args=server_args, model_runner=self)
 
     # The member `apply` generates for ModelRunner.
