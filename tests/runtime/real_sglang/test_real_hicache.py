@@ -1,0 +1,169 @@
+"""Canary rows through HiCache's host tier, on sglang 0.5.20's real host pools (``MHATokenToKVPoolHost``,
+``MLATokenToKVPoolHost``) beside its real device pools, allocators and ForwardBatch objects.
+
+A cached prefix is backed up to the host pool, its device slots are freed (another request holds the rest of
+the pool), then it is loaded back into whatever slots the allocator hands out and a new request reads it.
+With the sidecar (``runtime/hicache.py``) a clean round trip reads clean, and both host-tier faults
+(``runtime/perturb/hicache.py``) are caught at that read. Without it, a clean round trip already reads as
+violations and each fault changes nothing the canary reports: it cannot tell a faulty load from a clean one.
+
+Built by hand: ``HostTier`` does what sglang's ``HiCacheController`` does for one write and one load with the
+``direct`` io backend (host alloc, ``backup_from_device_all_layer``; device alloc, then
+``load_to_device_per_layer`` for each layer); the controller itself needs CUDA streams to build. The
+``direct`` backend's copy, ``sgl_kernel``'s ``transfer_kv_direct``, exists only on CUDA, so a torch
+implementation of its contract (copy ``src[src_indices]`` to ``dst[dst_indices]``, layer by layer) stands in
+for it on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from canary_instrument.runtime import mark_init_finished
+from canary_instrument.runtime.hicache import STORAGE_REFUSAL, UnsupportedHiCacheError, find_host_pools
+from canary_instrument.runtime.perturb.hicache import inject_hicache_fault
+
+from .harness import RealRunner, Scheduler
+from .test_real_serving import dev, server_args  # noqa: F401  (fixtures)
+
+HOST_CLASSES = {"mha": ("sglang.srt.mem_cache.pool_host.mha", "MHATokenToKVPoolHost"),
+                "mla": ("sglang.srt.mem_cache.pool_host.mla", "MLATokenToKVPoolHost")}
+PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+OTHER = [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42]
+
+
+def _transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
+    for src, dst in zip(src_layers, dst_layers):
+        dst.index_copy_(0, dst_indices.to(dst.device), src.index_select(0, src_indices.to(src.device)))
+
+
+@pytest.fixture
+def host_modules(sg, dev, monkeypatch):
+    modules = {layout: importlib.import_module(path) for layout, (path, _) in HOST_CLASSES.items()}
+    if dev == "cpu":
+        for module in modules.values():
+            monkeypatch.setattr(module, "transfer_kv_direct", _transfer_kv_direct, raising=False)
+    return modules
+
+
+class HostTier:
+    """HiCacheController's write and load, ``direct`` io backend, one operation at a time."""
+
+    def __init__(self, host_pool, device_pool, allocator):
+        self.mem_pool_host = host_pool
+        self.mem_pool_device = device_pool
+        self.mem_pool_device_allocator = allocator
+        self.enable_storage = False
+        self.storage_backend = None
+        self.io_backend = "direct"
+
+    def write(self, device_indices):
+        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        self.mem_pool_host.backup_from_device_all_layer(
+            self.mem_pool_device, host_indices, device_indices, self.io_backend)
+        return host_indices
+
+    def load(self, host_indices):
+        device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        for layer in range(self.mem_pool_host.layer_num):
+            self.mem_pool_host.load_to_device_per_layer(
+                self.mem_pool_device, host_indices, device_indices, layer, self.io_backend)
+        return device_indices
+
+
+class HiTree:
+    """The two HiCache attributes of sglang's HiRadixCache the runtime walks to."""
+
+    def __init__(self, tier, host_pool):
+        self.cache_controller = tier
+        self.token_to_kv_pool_host = host_pool
+
+
+def _engine(sg, server_args, host_modules, layout, dev, realkv="all"):
+    args = server_args("--kv-canary", "log", "--kv-canary-real-data", realkv)
+    # 26 slots: two 12-token requests fill the pool but two, so the load reuses the freed request's slots.
+    runner = RealRunner(sg, args, layout, device=dev, size=26)
+    mark_init_finished(runner.canary_manager)
+    path, name = HOST_CLASSES[layout]
+    host = getattr(host_modules[layout], name)(
+        runner.token_to_kv_pool, 2.0, 0, 1, "layer_first", pin_memory=False, device="cpu")
+    tier = HostTier(host, runner.token_to_kv_pool, runner.token_to_kv_pool_allocator)
+    return runner, Scheduler(sg, runner), host, tier
+
+
+def _round_trip(sg, server_args, host_modules, layout, dev, *, sidecar, fault=None, realkv="all"):
+    """Back a request's prefix up, free it, load it back, read it from a new request; the violations."""
+    runner, sched, host, tier = _engine(sg, server_args, host_modules, layout, dev, realkv)
+    if sidecar:
+        runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    injected = inject_hicache_fault(host, fault) if fault else None
+    a, b = sched.new_request(PROMPT), sched.new_request(OTHER)
+    sched.step(sched.extend([a, b]))
+    host_indices = tier.write(sched.tensor(a.slots))
+    sched.finish(a)
+    loaded = tier.load(host_indices)
+    c = sched.new_request(PROMPT + [23])
+    c.slots = loaded.tolist()
+    next_tokens = sched.step(sched.extend([c]))
+    sched.step(sched.decode([c], next_tokens))
+    violations = runner.canary_manager.flush()
+    if injected is not None:
+        assert injected.injections, "the fault never fired"
+    return violations, sorted(set(a.slots) & set(c.slots))
+
+
+def _summary(violations):
+    return sorted((v.slot, v.position, tuple(v.reasons)) for v in violations)
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla"])
+def test_a_clean_round_trip_through_the_host_tier_reads_clean_with_the_sidecar(sg, server_args, host_modules, layout,
+                                                                             dev):
+    violations, reused = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=True)
+    assert reused, "the load was meant to reuse slots freed since the last forward"
+    assert violations == []
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla"])
+def test_without_the_sidecar_a_clean_round_trip_already_reads_as_violations(sg, server_args, host_modules, layout,
+                                                                           dev):
+    violations, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=False)
+    assert violations
+    assert {v.position for v in violations} <= set(range(len(PROMPT)))  # the loaded prefix, nothing else
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla"])
+@pytest.mark.parametrize("fault, reasons", [("hicache_host_copy", {"fingerprint"}),
+                                            ("hicache_load_slots", {"position", "link"})])
+def test_a_host_tier_fault_is_caught_at_the_next_read_and_missed_without_the_sidecar(
+        sg, server_args, host_modules, layout, dev, fault, reasons):
+    caught, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=True, fault=fault)
+    assert caught
+    assert reasons & {r for v in caught for r in v.reasons}
+    assert {v.position for v in caught} <= set(range(len(PROMPT)))
+    # Without the sidecar the faulty run reports exactly what the clean run does: the fault is invisible.
+    clean, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=False)
+    faulty, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=False, fault=fault)
+    assert _summary(faulty) == _summary(clean)
+
+
+def test_the_host_pool_is_found_by_structure_under_the_prefix_cache(sg, server_args, host_modules, dev):
+    runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+    assert find_host_pools(HiTree(tier, host)) == [host]
+    assert find_host_pools(runner.token_to_kv_pool) == []  # the device pool holds KV but moves none
+
+
+def test_the_storage_tier_is_refused_at_attach_and_when_attached_later(sg, server_args, host_modules, dev):
+    runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+    tier.enable_storage = True
+    with pytest.raises(UnsupportedHiCacheError) as refused:
+        runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    assert "batch_set_v1" in str(refused.value) and str(refused.value).endswith(STORAGE_REFUSAL)
+    tier.enable_storage = False
+    tier.attach_storage_backend = lambda *a, **k: "attached"
+    runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    with pytest.raises(UnsupportedHiCacheError, match="storage tier"):
+        tier.attach_storage_backend("file")
