@@ -60,17 +60,24 @@ class HostTier:
         self.storage_backend = None
         self.io_backend = "direct"
 
+    @staticmethod
+    def move_indices(host_indices, device_indices):
+        """The controller's ``move_indices`` for ``direct`` and ``layer_first``: host indices sorted, the device
+        indices in the same order, both on the host."""
+        host_indices, order = host_indices.sort()
+        return host_indices, device_indices.cpu().index_select(0, order)
+
     def write(self, device_indices):
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         self.mem_pool_host.backup_from_device_all_layer(
-            self.mem_pool_device, host_indices, device_indices, self.io_backend)
+            self.mem_pool_device, *self.move_indices(host_indices, device_indices), self.io_backend)
         return host_indices
 
     def load(self, host_indices):
         device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        moved = self.move_indices(host_indices, device_indices)
         for layer in range(self.mem_pool_host.layer_num):
-            self.mem_pool_host.load_to_device_per_layer(
-                self.mem_pool_device, host_indices, device_indices, layer, self.io_backend)
+            self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, *moved, layer, self.io_backend)
         return device_indices
 
 
@@ -89,7 +96,7 @@ def _engine(sg, server_args, host_modules, layout, dev, realkv="all"):
     mark_init_finished(runner.canary_manager)
     path, name = HOST_CLASSES[layout]
     host = getattr(host_modules[layout], name)(
-        runner.token_to_kv_pool, 2.0, 0, 1, "layer_first", pin_memory=False, device="cpu")
+        runner.token_to_kv_pool, 2.0, 0, 1, "layer_first", pin_memory=dev == "cuda", device="cpu")
     tier = HostTier(host, runner.token_to_kv_pool, runner.token_to_kv_pool_allocator)
     return runner, Scheduler(sg, runner), host, tier
 
