@@ -56,9 +56,11 @@ _GUARDED: dict[int, tuple] = {}
 def register_kv_pool(pool: Any, manager: Any) -> None:
     """Note that ``manager``'s canary rows guard ``pool`` (install_canary calls this)."""
     _GUARDED[id(pool)] = (weakref.ref(pool), weakref.ref(manager))
-    inner = getattr(pool, "full_kv_pool", None)
-    if inner is not None and inner is not pool and getattr(pool, "swa_kv_pool", None) is None:
-        _GUARDED[id(inner)] = (weakref.ref(inner), weakref.ref(manager))
+    # Sub-pools a host pool may name as its device pool (an SWA pool's are registered to be refused).
+    for attr in ("full_kv_pool", "swa_kv_pool"):
+        inner = getattr(pool, attr, None)
+        if inner is not None and inner is not pool:
+            _GUARDED[id(inner)] = (weakref.ref(inner), weakref.ref(manager))
 
 
 def guarding(pool: Any) -> Optional[Any]:
@@ -109,8 +111,8 @@ def host_transfers(obj: Any) -> Optional[tuple[HostTransfer, HostTransfer]]:
 
 
 def find_host_pools(tree_cache: Any) -> list:
-    """Host pools reachable from the prefix cache: its attributes and those of its members (the cache
-    controller's), host-named attributes first; each pool once."""
+    """Host pools reachable from the prefix cache through attributes and lists (the cache controller's host
+    pool, a host pool group's entries), host-named attributes first; each pool once."""
     found, seen = [], set()
 
     def visit(obj: Any, depth: int) -> None:
@@ -129,17 +131,15 @@ def find_host_pools(tree_cache: Any) -> list:
             for item in value if isinstance(value, (list, tuple)) else (value,):
                 visit(item, depth - 1)
 
-    visit(tree_cache, 2)
+    visit(tree_cache, 4)
     return found
 
 
 def controllers(tree_cache: Any) -> list:
-    """Objects under the prefix cache that hold a storage-tier switch (HiCache's cache controllers)."""
-    out = []
-    for obj in (tree_cache, *getattr(tree_cache, "__dict__", {}).values()):
-        if hasattr(obj, "enable_storage") or hasattr(obj, "storage_backend"):
-            out.append(obj)
-    return out
+    """HiCache's cache controllers under the prefix cache: the objects that hold its host pool
+    (``mem_pool_host``), the cache itself included."""
+    members = getattr(tree_cache, "__dict__", {})
+    return [obj for obj in (tree_cache, *members.values()) if getattr(obj, "mem_pool_host", None) is not None]
 
 
 class HostSidecar:
@@ -326,12 +326,19 @@ def attach_hicache(manager: Any, tree_cache: Any) -> list:
     """Follow HiCache's host tier under ``tree_cache`` (nothing when it has none); refuse its storage tier.
 
     Returns the host pools wrapped."""
-    pools = find_host_pools(tree_cache)
+    pools, found = find_host_pools(tree_cache), controllers(tree_cache)
+    if found and not pools:
+        raise UnsupportedHiCacheError(
+            f"kv canary: HiCache is on ({type(found[0]).__qualname__} holds mem_pool_host "
+            f"{type(found[0].mem_pool_host).__qualname__}) but no host pool under it holds kv_buffer with a backup "
+            f"and a per-layer load taking {', '.join(_TRANSFER_PARAMS)}; the canary rows could not follow its KV"
+        )
     if not pools:
         return []
-    for controller in controllers(tree_cache):
-        if getattr(controller, "enable_storage", False) or getattr(controller, "storage_backend", None) is not None:
+    for owner in (tree_cache, *found):
+        if getattr(owner, "enable_storage", False) or getattr(owner, "storage_backend", None) is not None:
             raise UnsupportedHiCacheError(f"kv canary: {STORAGE_REFUSAL}")
+    for controller in found:
         _refuse_later_storage(controller)
     for host_pool in pools:
         attach_host_pool(host_pool)

@@ -174,3 +174,58 @@ def test_the_storage_tier_is_refused_at_attach_and_when_attached_later(sg, serve
     runner.canary_manager.attach_radix_cache(HiTree(tier, host))
     with pytest.raises(UnsupportedHiCacheError, match="storage tier"):
         tier.attach_storage_backend("file")
+
+
+def test_a_release_with_physical_index_transfers_has_its_entry_point_wrapped_once(sg, server_args, host_modules, dev):
+    """sglang 0.5.21 and later call ``*_physical`` methods, which call the plain ones: only the entry is wrapped,
+    so the rows move once and a clean round trip still reads clean."""
+    runner, sched, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+
+    def backup_physical(device_pool, host_indices, device_indices, io_backend):
+        host.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_physical(device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft=False):
+        host.load_to_device_per_layer(device_pool, host_indices, device_indices, layer_id, io_backend)
+
+    # The 0.5.21 base class's delegating pair, on this instance (0.5.20's class has none).
+    host.backup_from_device_all_layer_physical = backup_physical
+    host.load_to_device_per_layer_physical = load_physical
+    tier.mem_pool_host = host
+    runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    assert getattr(host.backup_from_device_all_layer_physical, "__kv_canary_hicache__", False)
+    assert "backup_from_device_all_layer" not in host.__dict__ and "load_to_device_per_layer" not in host.__dict__
+    a, b = sched.new_request(PROMPT), sched.new_request(OTHER)
+    sched.step(sched.extend([a, b]))
+    host_indices = host.alloc(len(a.slots))
+    moved = HostTier.move_indices(host_indices, sched.tensor(a.slots))
+    host.backup_from_device_all_layer_physical(runner.token_to_kv_pool, *moved, "direct")
+    sched.finish(a)
+    loaded = runner.token_to_kv_pool_allocator.alloc(len(PROMPT))
+    moved = HostTier.move_indices(host_indices, loaded)
+    for layer in range(host.layer_num):
+        host.load_to_device_per_layer_physical(runner.token_to_kv_pool, *moved, layer, "direct")
+    c = sched.new_request(PROMPT + [23])
+    c.slots = loaded.tolist()
+    sched.step(sched.extend([c]))
+    assert runner.canary_manager.flush() == []
+
+
+def test_host_tiers_the_canary_cannot_follow_are_refused_at_attach(sg, server_args, host_modules, dev):
+    runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+    runner.token_to_kv_pool.host_transfer_translate = lambda indices: indices
+    with pytest.raises(UnsupportedHiCacheError, match="host_transfer_translate"):
+        runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    del runner.token_to_kv_pool.host_transfer_translate
+    tier.mem_pool_host = object()  # a host pool group whose entries hold no transfer methods
+    with pytest.raises(UnsupportedHiCacheError, match="no host pool under it"):
+        runner.canary_manager.attach_radix_cache(HiTree(tier, None))
+
+
+def test_hicache_of_an_swa_pool_is_refused_at_attach(sg, server_args, host_modules, dev):
+    args = server_args("--kv-canary", "log")
+    runner = RealRunner(sg, args, "swa", device=dev)
+    full = runner.token_to_kv_pool.full_kv_pool
+    host = host_modules["mha"].MHATokenToKVPoolHost(full, 2.0, 0, 1, "layer_first", pin_memory=False, device="cpu")
+    tier = HostTier(host, full, runner.token_to_kv_pool_allocator)
+    with pytest.raises(UnsupportedHiCacheError, match="SWA pool"):
+        runner.canary_manager.attach_radix_cache(HiTree(tier, host))
