@@ -276,17 +276,23 @@ def attach_host_pool(host_pool: Any) -> list:
             found = sidecars[id(manager)] = HostSidecar(host_pool, manager)
         return found
 
+    def cars(transfer: HostTransfer, args: tuple, kwargs: dict) -> list:
+        device_pool = transfer.argument(args, kwargs, "device_pool")
+        pools = [device_pool]
+        if device_pool is getattr(host_pool, "device_pool", None):
+            # Draft (MTP) layers packed into this host pool move in the target's call, with the same slot ids.
+            pools += list(getattr(host_pool, "mtp_draft_device_pools", ()))
+        return [car for car in map(sidecar, pools) if car is not None]
+
     def after_backup(args: tuple, kwargs: dict) -> None:
-        car = sidecar(backup.argument(args, kwargs, "device_pool"))
-        if car is not None:
+        for car in cars(backup, args, kwargs):
             car.backup(backup.argument(args, kwargs, "host_indices"), backup.argument(args, kwargs, "device_indices"))
 
     def after_load(args: tuple, kwargs: dict) -> None:
         # Every layer's load moves the same slots: the rows follow once, with the first layer's copy.
         if load.argument(args, kwargs, "layer_id") != 0:
             return
-        car = sidecar(load.argument(args, kwargs, "device_pool"))
-        if car is not None:
+        for car in cars(load, args, kwargs):
             car.load(load.argument(args, kwargs, "host_indices"), load.argument(args, kwargs, "device_indices"))
 
     # Made up front for the device pools the host pool names, so the sidecar exists before the first backup.
