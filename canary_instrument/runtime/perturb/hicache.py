@@ -21,14 +21,13 @@ import inspect
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable
 
 from canary_instrument.runtime.hicache import host_transfers
 from canary_instrument.runtime.instance_wrap import remember, unbind
 
 logger = logging.getLogger("canary_instrument.runtime")
 
-HICACHE_KINDS = ("hicache_host_copy", "hicache_load_slots")
 _MARK = "__kv_canary_hicache_fault__"
 
 
@@ -40,9 +39,8 @@ class HiCacheFault:
     host_pool: Any
     rate: float
     rng: random.Random
+    transfer: Any  # the HostTransfer it wraps
     injections: list = field(default_factory=list)
-    _load_hit: Optional[bool] = None  # the current load's draw, kept for its later layers
-
     _replaced: dict = field(default_factory=dict)  # method name -> what the instance held before (None: nothing)
 
     def remove(self) -> None:
@@ -53,6 +51,64 @@ class HiCacheFault:
             else:
                 self.host_pool.__dict__[name] = before
         self._replaced.clear()
+
+
+class HostCopyFlip:
+    name = "hicache_host_copy"
+    hook = "backup"
+
+    def around(self, fault: HiCacheFault, inner: Callable) -> Callable:
+        import torch
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = inner(*args, **kwargs)
+            host_indices = fault.transfer.argument(args, kwargs, "host_indices").reshape(-1)
+            if host_indices.numel() and fault.rng.random() < fault.rate:
+                pick = fault.rng.randrange(host_indices.numel())
+                rows = _host_rows(fault.host_pool)
+                slot = host_indices[pick:pick + 1].to(device=rows.device, dtype=torch.int64)
+                hit = rows.index_select(0, slot)  # a copy: [1, layers, ...] bytes
+                hit.view(1, hit.shape[1], -1)[:, :, 0] ^= 1  # the first byte of every layer
+                rows.index_copy_(0, slot, hit)
+                fault.injections.append({"kind": self.name, "host_slot": slot, "index": pick})
+                logger.info("kv canary hicache fault: kind=%s index=%d of %d backed-up slots", self.name, pick,
+                            host_indices.numel())
+            return result
+
+        return call
+
+
+class LoadSlotsRotated:
+    name = "hicache_load_slots"
+    hook = "load"
+
+    def around(self, fault: HiCacheFault, inner: Callable) -> Callable:
+        load = fault.transfer
+        drawn = [False]  # this load's draw, made at its first layer and kept for the others
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            layer = load.argument(args, kwargs, "layer_id")
+            if layer == 0:
+                drawn[0] = fault.rng.random() < fault.rate
+            device_indices = load.argument(args, kwargs, "device_indices")
+            if drawn[0] and device_indices is not None and device_indices.numel() > 1:
+                moved = device_indices.roll(1)
+                position = load.positions["device_indices"]
+                if position < len(args):
+                    args = args[:position] + (moved,) + args[position + 1:]
+                else:
+                    kwargs = {**kwargs, "device_indices": moved}
+                if layer == 0:
+                    fault.injections.append({"kind": self.name, "device_slots": device_indices, "moved_to": moved})
+                    logger.info("kv canary hicache fault: kind=%s %d loaded slots rotated by one", self.name,
+                                device_indices.numel())
+            return inner(*args, **kwargs)
+
+        return call
+
+
+KINDS = {kind.name: kind for kind in (HostCopyFlip(), LoadSlotsRotated())}
+HICACHE_KINDS = tuple(KINDS)
 
 
 def _host_rows(host_pool: Any) -> Any:
@@ -70,70 +126,25 @@ def _host_rows(host_pool: Any) -> Any:
     return buffer.view(torch.uint8)
 
 
-def _wrap(fault: HiCacheFault, name: str, make: Any) -> None:
-    fault._replaced.setdefault(name, fault.host_pool.__dict__.get(name))
-    original, owner = unbind(fault.host_pool, name)
-    signature = inspect.signature(getattr(fault.host_pool, name))
-    # Through a weak reference to the pool, as the canary's own wrappers (no instance -> wrapper -> instance cycle).
-    call = make(original if owner is None else (lambda *args, **kwargs: original(owner(), *args, **kwargs)))
-    call.__signature__ = signature
-    setattr(call, _MARK, fault)
-    remember(call, original, owner)
-    setattr(fault.host_pool, name, call)
-
-
 def inject_hicache_fault(host_pool: Any, kind: str, *, rate: float = 1.0, seed: int = 0) -> HiCacheFault:
     """Switch fault ``kind`` on for ``host_pool``'s transfers, each at probability ``rate``."""
-    import torch
-
-    if kind not in HICACHE_KINDS:
+    if kind not in KINDS:
         raise ValueError(f"kv canary: unknown HiCache fault {kind!r}; known: {', '.join(HICACHE_KINDS)}")
     transfers = host_transfers(host_pool)
     if transfers is None:
         raise ValueError(f"kv canary: {type(host_pool).__qualname__} is not a HiCache host pool")
-    backup, load = transfers
-    fault = HiCacheFault(kind, host_pool, rate, random.Random(seed * len(HICACHE_KINDS) + HICACHE_KINDS.index(kind)))
-
-    if kind == "hicache_host_copy":
-        def make(inner):
-            def call(*args, **kwargs):
-                result = inner(*args, **kwargs)
-                host_indices = backup.argument(args, kwargs, "host_indices").reshape(-1)
-                if host_indices.numel() and fault.rng.random() < fault.rate:
-                    pick = fault.rng.randrange(host_indices.numel())
-                    slot = host_indices[pick:pick + 1].to(torch.int64)
-                    rows = _host_rows(host_pool)
-                    slot = slot.to(rows.device)
-                    hit = rows.index_select(0, slot)  # a copy: [1, layers, ...] bytes
-                    hit.view(1, hit.shape[1], -1)[:, :, 0] ^= 1  # the first byte of every layer
-                    rows.index_copy_(0, slot, hit)
-                    fault.injections.append({"kind": kind, "host_slot": slot, "index": pick})
-                    logger.info("kv canary hicache fault: kind=%s index=%d of %d backed-up slots", kind, pick,
-                                host_indices.numel())
-                return result
-            return call
-
-        _wrap(fault, backup.name, make)
-    else:
-        def make(inner):
-            def call(*args, **kwargs):
-                layer = load.argument(args, kwargs, "layer_id")
-                if layer == 0:
-                    fault._load_hit = fault.rng.random() < fault.rate
-                device_indices = load.argument(args, kwargs, "device_indices")
-                if fault._load_hit and device_indices is not None and device_indices.numel() > 1:
-                    moved = device_indices.roll(1)
-                    position = load.positions["device_indices"]
-                    if position < len(args):
-                        args = args[:position] + (moved,) + args[position + 1:]
-                    else:
-                        kwargs = {**kwargs, "device_indices": moved}
-                    if layer == 0:
-                        fault.injections.append({"kind": kind, "device_slots": device_indices, "moved_to": moved})
-                        logger.info("kv canary hicache fault: kind=%s %d loaded slots rotated by one", kind,
-                                    device_indices.numel())
-                return inner(*args, **kwargs)
-            return call
-
-        _wrap(fault, load.name, make)
+    spec = KINDS[kind]
+    transfer = transfers[0] if spec.hook == "backup" else transfers[1]
+    rng = random.Random(seed * len(HICACHE_KINDS) + HICACHE_KINDS.index(kind))
+    fault = HiCacheFault(kind, host_pool, rate, rng, transfer)
+    name = transfer.name
+    fault._replaced.setdefault(name, host_pool.__dict__.get(name))
+    original, owner = unbind(host_pool, name)
+    signature = inspect.signature(getattr(host_pool, name))
+    # Through a weak reference to the pool, as the canary's own wrappers (no instance -> wrapper -> instance cycle).
+    call = spec.around(fault, original if owner is None else (lambda *a, **k: original(owner(), *a, **k)))
+    call.__signature__ = signature
+    setattr(call, _MARK, fault)
+    remember(call, original, owner)
+    setattr(host_pool, name, call)
     return fault

@@ -26,6 +26,7 @@ from canary_instrument.runtime import mark_init_finished
 from canary_instrument.runtime.hicache import STORAGE_REFUSAL, UnsupportedHiCacheError, find_host_pools
 from canary_instrument.runtime.perturb.hicache import inject_hicache_fault
 
+from . import sglang_site
 from .harness import RealRunner, Scheduler
 from .test_real_serving import dev, server_args  # noqa: F401  (fixtures)
 
@@ -37,14 +38,18 @@ OTHER = [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42]
 
 def _transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
     for src, dst in zip(src_layers, dst_layers):
-        dst.index_copy_(0, dst_indices.to(dst.device), src.index_select(0, src_indices.to(src.device)))
+        rows = src.index_select(0, src_indices.to(src.device)).to(dst.device)
+        dst.index_copy_(0, dst_indices.to(dst.device), rows)
 
 
 @pytest.fixture
 def host_modules(sg, dev, monkeypatch):
+    """The host-pool modules; their ``transfer_kv_direct`` is sgl_kernel's where it is installed (CUDA), the torch
+    copy otherwise (CPU, or a CUDA machine where sglang_site made a stand-in for sgl_kernel)."""
     modules = {layout: importlib.import_module(path) for layout, (path, _) in HOST_CLASSES.items()}
-    if dev == "cpu":
-        for module in modules.values():
+    for module in modules.values():
+        released = getattr(module, "transfer_kv_direct", None)
+        if dev == "cpu" or released is None or isinstance(released, sglang_site._StandInMeta):
             monkeypatch.setattr(module, "transfer_kv_direct", _transfer_kv_direct, raising=False)
     return modules
 
@@ -229,3 +234,16 @@ def test_hicache_of_an_swa_pool_is_refused_at_attach(sg, server_args, host_modul
     tier = HostTier(host, full, runner.token_to_kv_pool_allocator)
     with pytest.raises(UnsupportedHiCacheError, match="SWA pool"):
         runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+
+
+def test_removing_a_fault_puts_the_canary_wrapper_back(sg, server_args, host_modules, dev):
+    runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+    runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    wrapped = {name: host.__dict__[name] for name in ("backup_from_device_all_layer", "load_to_device_per_layer")}
+    faults = [inject_hicache_fault(host, kind) for kind in ("hicache_host_copy", "hicache_load_slots")]
+    assert all(host.__dict__[name] is not wrapped[name] for name in wrapped)
+    for fault in faults:
+        fault.remove()
+    assert {name: host.__dict__[name] for name in wrapped} == wrapped
+    with pytest.raises(ValueError, match="unknown HiCache fault 'flip'; known: hicache_host_copy, hicache_load_slots"):
+        inject_hicache_fault(host, "flip")
