@@ -221,6 +221,10 @@ def _apply_pending_frees(manager: Any) -> None:
     from canary_instrument.runtime.request_side import mark_freed
 
     freed, side.freed = side.freed, []
+    if freed[0].is_cuda:
+        # Made on the forward's stream, read on the load's: kept from reuse until the load's work is done.
+        for slots in freed:
+            slots.record_stream(torch.cuda.current_stream(slots.device))
     mark_freed(manager.state, freed[0] if len(freed) == 1 else torch.cat(freed))
 
 

@@ -64,6 +64,9 @@ class HostCopyFlip:
             result = inner(*args, **kwargs)
             host_indices = fault.transfer.argument(args, kwargs, "host_indices").reshape(-1)
             if host_indices.numel() and fault.rng.random() < fault.rate:
+                if torch.cuda.is_available():
+                    # The backup's copy into host memory is in flight on this stream: flip after it lands.
+                    torch.cuda.current_stream().synchronize()
                 pick = fault.rng.randrange(host_indices.numel())
                 rows = _host_rows(fault.host_pool)
                 slot = host_indices[pick:pick + 1].to(device=rows.device, dtype=torch.int64)

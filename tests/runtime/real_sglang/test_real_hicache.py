@@ -55,34 +55,55 @@ def host_modules(sg, dev, monkeypatch):
 
 
 class HostTier:
-    """HiCacheController's write and load, ``direct`` io backend, one operation at a time."""
+    """HiCache's controller for one write and one load at a time: with the ``direct`` io backend on the calling
+    stream (as ``HiCacheController`` does it), with ``kernel`` on its own write and load streams behind a start
+    event, the forward stream then waiting for the load (sglang waits per layer)."""
 
-    def __init__(self, host_pool, device_pool, allocator):
+    def __init__(self, host_pool, device_pool, allocator, io_backend="direct"):
         self.mem_pool_host = host_pool
         self.mem_pool_device = device_pool
         self.mem_pool_device_allocator = allocator
         self.enable_storage = False
         self.storage_backend = None
-        self.io_backend = "direct"
+        self.io_backend = io_backend
+        self.streams = None
+        if io_backend == "kernel":
+            self.streams = torch.cuda.Stream(), torch.cuda.Stream()
 
-    @staticmethod
-    def move_indices(host_indices, device_indices):
-        """The controller's ``move_indices`` for ``direct`` and ``layer_first``: host indices sorted, the device
-        indices in the same order, both on the host."""
+    def move_indices(self, host_indices, device_indices):
+        """The controller's ``move_indices``: ``kernel`` moves host indices to the device; ``direct`` with
+        ``layer_first`` sorts them and keeps both on the host, the device indices in the same order."""
+        if self.io_backend == "kernel":
+            return host_indices.to(device_indices.device, non_blocking=True), device_indices
         host_indices, order = host_indices.sort()
         return host_indices, device_indices.cpu().index_select(0, order)
 
+    def _on_stream(self, which):
+        if self.streams is None:
+            import contextlib
+
+            return contextlib.nullcontext()
+        stream = self.streams[which]
+        start = torch.cuda.Event()
+        start.record()
+        start.wait(stream)
+        return torch.cuda.stream(stream)
+
     def write(self, device_indices):
         host_indices = self.mem_pool_host.alloc(len(device_indices))
-        self.mem_pool_host.backup_from_device_all_layer(
-            self.mem_pool_device, *self.move_indices(host_indices, device_indices), self.io_backend)
+        moved = self.move_indices(host_indices, device_indices)
+        with self._on_stream(0):
+            self.mem_pool_host.backup_from_device_all_layer(self.mem_pool_device, *moved, self.io_backend)
         return host_indices
 
     def load(self, host_indices):
         device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
         moved = self.move_indices(host_indices, device_indices)
-        for layer in range(self.mem_pool_host.layer_num):
-            self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, *moved, layer, self.io_backend)
+        with self._on_stream(1):
+            for layer in range(self.mem_pool_host.layer_num):
+                self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, *moved, layer, self.io_backend)
+        if self.streams is not None:
+            torch.cuda.current_stream().wait_stream(self.streams[1])
         return device_indices
 
 
@@ -94,7 +115,7 @@ class HiTree:
         self.token_to_kv_pool_host = host_pool
 
 
-def _engine(sg, server_args, host_modules, layout, dev, realkv="all"):
+def _engine(sg, server_args, host_modules, layout, dev, realkv="all", io_backend="direct"):
     args = server_args("--kv-canary", "log", "--kv-canary-real-data", realkv)
     # 26 slots: two 12-token requests fill the pool but two, so the load reuses the freed request's slots.
     runner = RealRunner(sg, args, layout, device=dev, size=26)
@@ -102,13 +123,13 @@ def _engine(sg, server_args, host_modules, layout, dev, realkv="all"):
     path, name = HOST_CLASSES[layout]
     host = getattr(host_modules[layout], name)(
         runner.token_to_kv_pool, 2.0, 0, 1, "layer_first", pin_memory=dev == "cuda", device="cpu")
-    tier = HostTier(host, runner.token_to_kv_pool, runner.token_to_kv_pool_allocator)
+    tier = HostTier(host, runner.token_to_kv_pool, runner.token_to_kv_pool_allocator, io_backend)
     return runner, Scheduler(sg, runner), host, tier
 
 
-def _round_trip(sg, server_args, host_modules, layout, dev, *, sidecar, fault=None, realkv="all"):
+def _round_trip(sg, server_args, host_modules, layout, dev, *, sidecar, fault=None, realkv="all", io_backend="direct"):
     """Back a request's prefix up, free it, load it back, read it from a new request; the violations."""
-    runner, sched, host, tier = _engine(sg, server_args, host_modules, layout, dev, realkv)
+    runner, sched, host, tier = _engine(sg, server_args, host_modules, layout, dev, realkv, io_backend)
     if sidecar:
         runner.canary_manager.attach_radix_cache(HiTree(tier, host))
     injected = inject_hicache_fault(host, fault) if fault else None
@@ -202,11 +223,11 @@ def test_a_release_with_physical_index_transfers_has_its_entry_point_wrapped_onc
     a, b = sched.new_request(PROMPT), sched.new_request(OTHER)
     sched.step(sched.extend([a, b]))
     host_indices = host.alloc(len(a.slots))
-    moved = HostTier.move_indices(host_indices, sched.tensor(a.slots))
+    moved = tier.move_indices(host_indices, sched.tensor(a.slots))
     host.backup_from_device_all_layer_physical(runner.token_to_kv_pool, *moved, "direct")
     sched.finish(a)
     loaded = runner.token_to_kv_pool_allocator.alloc(len(PROMPT))
-    moved = HostTier.move_indices(host_indices, loaded)
+    moved = tier.move_indices(host_indices, loaded)
     for layer in range(host.layer_num):
         host.load_to_device_per_layer_physical(runner.token_to_kv_pool, *moved, layer, "direct")
     c = sched.new_request(PROMPT + [23])
@@ -247,3 +268,20 @@ def test_removing_a_fault_puts_the_canary_wrapper_back(sg, server_args, host_mod
     assert {name: host.__dict__[name] for name in wrapped} == wrapped
     with pytest.raises(ValueError, match="unknown HiCache fault 'flip'; known: hicache_host_copy, hicache_load_slots"):
         inject_hicache_fault(host, "flip")
+
+
+@pytest.mark.parametrize("layout", ["mha", "mla"])
+def test_the_kernel_io_backend_round_trip_on_transfer_streams(sg, server_args, host_modules, layout, dev):
+    """sglang's default io backend: its CUDA transfer kernels, on the controller's own streams; the rows are
+    enqueued on the same streams as the KV, so the read after the load sees both."""
+    if dev != "cuda":
+        pytest.skip("the kernel io backend moves KV with sgl_kernel's CUDA kernels")
+    released = getattr(host_modules[layout], "transfer_kv_per_layer", None)
+    if released is None or isinstance(released, sglang_site._StandInMeta):
+        pytest.skip("sgl_kernel is not installed on this CUDA machine")
+    clean, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=True, io_backend="kernel")
+    assert clean == []
+    for fault, reasons in (("hicache_host_copy", {"fingerprint"}), ("hicache_load_slots", {"position", "link"})):
+        caught, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=True, fault=fault,
+                                io_backend="kernel")
+        assert reasons & {r for v in caught for r in v.reasons}, fault
