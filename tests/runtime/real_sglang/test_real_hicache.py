@@ -188,6 +188,18 @@ def test_the_host_pool_is_found_by_structure_under_the_prefix_cache(sg, server_a
     assert find_host_pools(HiTree(tier, host)) == [host]
     assert find_host_pools(runner.token_to_kv_pool) == []  # the device pool holds KV but moves none
 
+    class PoolEntry:  # sglang 0.5.23's host pool group (pool_host/group.py): named entries, one holds the KV
+        def __init__(self, name, host_pool):
+            self.name, self.host_pool = name, host_pool
+
+    class HostPoolGroup:
+        def __init__(self, entries):
+            self.entries = entries
+            self.anchor_entry = entries[0]
+
+    tier.mem_pool_host = HostPoolGroup([PoolEntry("kv", host)])
+    assert find_host_pools(HiTree(tier, None)) == [host]
+
 
 def test_the_storage_tier_is_refused_at_attach_and_when_attached_later(sg, server_args, host_modules, dev):
     runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
