@@ -55,12 +55,23 @@ _GUARDED: dict[int, tuple] = {}
 
 def register_kv_pool(pool: Any, manager: Any) -> None:
     """Note that ``manager``'s canary rows guard ``pool`` (install_canary calls this)."""
-    _GUARDED[id(pool)] = (weakref.ref(pool), weakref.ref(manager))
+    for key in [key for key, (owner, guard) in _GUARDED.items() if owner() is None or guard() is None]:
+        del _GUARDED[key]  # engines gone (tests and benchmarks build many in one process)
+    pools = [pool]
     # Sub-pools a host pool may name as its device pool (an SWA pool's are registered to be refused).
     for attr in ("full_kv_pool", "swa_kv_pool"):
         inner = getattr(pool, attr, None)
         if inner is not None and inner is not pool:
-            _GUARDED[id(inner)] = (weakref.ref(inner), weakref.ref(manager))
+            pools.append(inner)
+    for each in pools:
+        _GUARDED[id(each)] = (_ref(each), weakref.ref(manager))
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # a class with __slots__ and no __weakref__: held for the process's life
+        return lambda: obj
 
 
 def guarding(pool: Any) -> Optional[Any]:
