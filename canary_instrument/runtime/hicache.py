@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -121,28 +122,38 @@ def host_transfers(obj: Any) -> Optional[tuple[HostTransfer, HostTransfer]]:
     return (backup, load) if backup and load else None
 
 
+# Values the walk neither inspects nor enters: scalars, and classes and modules (engine objects reference
+# module-level namespaces, such as torch's op registries, whose attribute lookups have side effects).
+_NOT_WALKED = (str, bytes, int, float, bool, type, types.ModuleType)
+
+
+def _is_host_pool(obj: Any) -> bool:
+    try:
+        return host_transfers(obj) is not None
+    except Exception:  # an attribute lookup that raises: whatever it is, it is no host pool
+        return False
+
+
 def find_host_pools(tree_cache: Any) -> list:
     """Host pools reachable from the prefix cache through attributes and lists (the cache controller's host
     pool, a host pool group's entries), host-named attributes first; each pool once."""
-    found, seen = [], set()
-
-    def visit(obj: Any, depth: int) -> None:
-        if obj is None or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool)):
-            return
-        seen.add(id(obj))
-        if host_transfers(obj) is not None:
-            found.append(obj)
-            return
-        if depth == 0:
-            return
-        members = getattr(obj, "__dict__", None)
-        if not isinstance(members, dict):
-            return
-        for _, value in sorted(members.items(), key=lambda item: ("host" not in item[0], item[0])):
-            for item in value if isinstance(value, (list, tuple)) else (value,):
-                visit(item, depth - 1)
-
-    visit(tree_cache, 4)
+    # Breadth first, without a recursive closure (one would be a reference cycle holding what it found).
+    found, seen, level = [], set(), [tree_cache]
+    for depth in range(5):
+        below = []
+        for obj in level:
+            if obj is None or id(obj) in seen or isinstance(obj, _NOT_WALKED):
+                continue
+            seen.add(id(obj))
+            if _is_host_pool(obj):
+                found.append(obj)
+                continue
+            members = getattr(obj, "__dict__", None)
+            if depth == 4 or not isinstance(members, dict):
+                continue
+            for _, value in sorted(members.items(), key=lambda item: ("host" not in item[0], item[0])):
+                below.extend(value if isinstance(value, (list, tuple)) else (value,))
+        level = below
     return found
 
 
@@ -169,7 +180,7 @@ class HostSidecar:
 
         state = manager.state
         slots = max(int(getattr(host_pool, "size", 0)), int(getattr(host_pool, "logical_size", 0) or 0))
-        self.manager = manager
+        self._manager = weakref.ref(manager)  # the wrappers live on the engine's host pool: no cycle back
         self.groups = list(state.groups)
         self.device = self.groups[0].rows.device
         self.rows = [torch.zeros((slots, 4), dtype=torch.int64, device=self.device) for _ in self.groups]
@@ -196,7 +207,7 @@ class HostSidecar:
     def load(self, host_indices: Any, device_indices: Any) -> None:
         from canary_instrument.runtime.layers import fingerprint_table
 
-        _apply_pending_frees(self.manager)
+        _apply_pending_frees(self._manager())
         host, dev = self._indices(host_indices, device_indices)
         for group, rows, fps in zip(self.groups, self.rows, self.fingerprints):
             group.rows.index_copy_(0, dev, rows.index_select(0, host))
@@ -224,7 +235,7 @@ def _apply_pending_frees(manager: Any) -> None:
     into a slot freed since then would have its loaded rows overwritten by that mark (HiCache evicts and
     loads back in one scheduling step). Enqueued here, the mark precedes the load's rows in stream order.
     """
-    side = getattr(manager, "request_side", None)
+    side = getattr(manager, "request_side", None) if manager is not None else None
     if side is None or not side.freed:
         return
     import torch
@@ -280,6 +291,7 @@ def attach_host_pool(host_pool: Any) -> list:
     _refuse_unfollowable(host_pool)
     backup, load = transfers
     sidecars: dict[int, HostSidecar] = {}
+    pool_ref = _ref(host_pool)  # the wrappers are kept on the host pool: no cycle through them
 
     def sidecar(device_pool: Any) -> Optional[HostSidecar]:
         manager = guarding(device_pool)
@@ -288,15 +300,15 @@ def attach_host_pool(host_pool: Any) -> list:
         found = sidecars.get(id(manager))
         if found is None:
             _refuse_device_pool(device_pool)
-            found = sidecars[id(manager)] = HostSidecar(host_pool, manager)
+            found = sidecars[id(manager)] = HostSidecar(pool_ref(), manager)
         return found
 
     def cars(transfer: HostTransfer, args: tuple, kwargs: dict) -> list:
         device_pool = transfer.argument(args, kwargs, "device_pool")
-        pools = [device_pool]
-        if device_pool is getattr(host_pool, "device_pool", None):
+        pools, owner = [device_pool], pool_ref()
+        if device_pool is getattr(owner, "device_pool", None):
             # Draft (MTP) layers packed into this host pool move in the target's call, with the same slot ids.
-            pools += list(getattr(host_pool, "mtp_draft_device_pools", ()))
+            pools += list(getattr(owner, "mtp_draft_device_pools", ()))
         return [car for car in map(sidecar, pools) if car is not None]
 
     def after_backup(args: tuple, kwargs: dict) -> None:

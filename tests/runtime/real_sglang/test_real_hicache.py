@@ -297,3 +297,21 @@ def test_the_kernel_io_backend_round_trip_on_transfer_streams(sg, server_args, h
         caught, _ = _round_trip(sg, server_args, host_modules, layout, dev, sidecar=True, fault=fault,
                                 io_backend="kernel")
         assert reasons & {r for v in caught for r in v.reasons}, fault
+
+
+def test_the_wrapped_host_pool_is_freed_without_the_garbage_collector(sg, server_args, host_modules, dev):
+    """The wrappers live on the host pool and hold it, and the canary, only weakly: no reference cycle keeps an
+    engine's host tier alive until a collection (which could run while another engine captures a graph)."""
+    import gc
+    import weakref
+
+    runner, _, host, tier = _engine(sg, server_args, host_modules, "mha", dev)
+    runner.canary_manager.attach_radix_cache(HiTree(tier, host))
+    host_ref = weakref.ref(host)
+    runner.canary_manager.radix_cache = None  # the engine drops its cache (the canary keeps it while it lives)
+    gc.disable()
+    try:
+        del host, tier
+        assert host_ref() is None
+    finally:
+        gc.enable()
