@@ -65,10 +65,11 @@ def register_kv_pool(pool: Any, manager: Any) -> None:
         if inner is not None and inner is not pool:
             pools.append(inner)
     for each in pools:
-        _GUARDED[id(each)] = (_ref(each), weakref.ref(manager))
+        _GUARDED[id(each)] = (hold_weakly(each), weakref.ref(manager))
 
 
-def _ref(obj: Any) -> Callable[[], Any]:
+def hold_weakly(obj: Any) -> Callable[[], Any]:
+    """A call that gives ``obj`` back: a weak reference where the class allows one."""
     try:
         return weakref.ref(obj)
     except TypeError:  # a class with __slots__ and no __weakref__: held for the process's life
@@ -291,7 +292,7 @@ def attach_host_pool(host_pool: Any) -> list:
     _refuse_unfollowable(host_pool)
     backup, load = transfers
     sidecars: dict[int, HostSidecar] = {}
-    pool_ref = _ref(host_pool)  # the wrappers are kept on the host pool: no cycle through them
+    pool_ref = hold_weakly(host_pool)  # the wrappers are kept on the host pool: no cycle through them
 
     def sidecar(device_pool: Any) -> Optional[HostSidecar]:
         manager = guarding(device_pool)

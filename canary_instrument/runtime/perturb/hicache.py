@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from canary_instrument.runtime.hicache import host_transfers
+from canary_instrument.runtime.hicache import hold_weakly, host_transfers
 from canary_instrument.runtime.instance_wrap import remember, unbind
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -36,12 +36,16 @@ class HiCacheFault:
     """One switched-on fault: what it wrapped and what it did (``injections``: one dict per hit)."""
 
     kind: str
-    host_pool: Any
+    pool_ref: Any  # a weak reference: the fault's wrapper lives on the host pool (no cycle through it)
     rate: float
     rng: random.Random
     transfer: Any  # the HostTransfer it wraps
     injections: list = field(default_factory=list)
     _replaced: dict = field(default_factory=dict)  # method name -> what the instance held before (None: nothing)
+
+    @property
+    def host_pool(self) -> Any:
+        return self.pool_ref()
 
     def remove(self) -> None:
         """Put back what the fault wrapped (the canary's wrapper, or the engine's own method)."""
@@ -139,7 +143,7 @@ def inject_hicache_fault(host_pool: Any, kind: str, *, rate: float = 1.0, seed: 
     spec = KINDS[kind]
     transfer = transfers[0] if spec.hook == "backup" else transfers[1]
     rng = random.Random(seed * len(HICACHE_KINDS) + HICACHE_KINDS.index(kind))
-    fault = HiCacheFault(kind, host_pool, rate, rng, transfer)
+    fault = HiCacheFault(kind, hold_weakly(host_pool), rate, rng, transfer)
     name = transfer.name
     fault._replaced.setdefault(name, host_pool.__dict__.get(name))
     original, owner = unbind(host_pool, name)
