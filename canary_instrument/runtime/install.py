@@ -22,6 +22,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
 
     from canary_instrument.runtime.bracket import bracket_model_forward
     from canary_instrument.runtime.distributed import find_process_group
+    from canary_instrument.runtime.hicache import register_kv_pool
     from canary_instrument.runtime.expected_tokens import SampledTokens, find_target, register_target, wrap_sample
     from canary_instrument.runtime.manager import CanaryManager
     from canary_instrument.runtime.ops import get_ops
@@ -105,6 +106,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         process_group=find_process_group(model_runner),
     )
     manager.request_side = side
+    register_kv_pool(pool, manager)  # a HiCache host pool attached later finds these rows by its device pool
     if settings.jitter_max_us:
         from canary_instrument.runtime.jitter import install_jitter
 

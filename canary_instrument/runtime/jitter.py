@@ -126,6 +126,9 @@ class JitteredOps:
         if after is not None:
             self.jitter.wait(after)
 
+    def mark_freed(self, state: Any) -> None:
+        self.ops.mark_freed(state)
+
 
 def wrap_kv_write(pool: Any, jitter: Jitter, points: tuple) -> bool:
     """Put the attention points around ``pool.set_kv_buffer`` (on the instance); False when it has none."""

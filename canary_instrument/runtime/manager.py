@@ -296,8 +296,12 @@ class CanaryManager:
         return sum(int(b.numel()) * b.element_size() for b in buffers if b is not None)
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
-        """Keep the engine's prefix cache (sglang's scheduler hands it over once it exists)."""
+        """Keep the engine's prefix cache (sglang's scheduler hands it over once it exists), and follow its
+        HiCache host tier, if it has one (runtime/hicache.py)."""
+        from canary_instrument.runtime.hicache import attach_hicache
+
         self.radix_cache = tree_cache
+        attach_hicache(self, tree_cache)
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
         """After ``model_runner.sample``: stage each request's sampled token (one device copy; the next

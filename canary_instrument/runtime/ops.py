@@ -28,6 +28,9 @@ class CanaryOps(Protocol):
     def post_forward(self, state: "CanaryState", plan: "PlanInputs") -> None:
         """If enabled: verify the rows written this forward, then store their real-KV fingerprints."""
 
+    def mark_freed(self, state: "CanaryState") -> None:
+        """Mark the FULL rows of the slots in ``state.freed`` freed and empty it (``pre_forward`` does it first)."""
+
 
 def resolve_backend(device, backend: Optional[str] = None) -> str:
     """The backend name that ``get_ops`` will use for ``device``."""

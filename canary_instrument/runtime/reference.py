@@ -521,3 +521,6 @@ class TorchCanaryOps:
 
     def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
         post_forward(state, plan)
+
+    def mark_freed(self, state: CanaryState) -> None:
+        mark_freed_buffer(state)

@@ -159,10 +159,10 @@ class TritonCanaryOps:
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
         if state.freed is not None:
-            self._mark_freed(state)
+            self.mark_freed(state)
         self._launch("canary_pre_forward", state, plan, [input_ids])
 
-    def _mark_freed(self, state: CanaryState) -> None:
+    def mark_freed(self, state: CanaryState) -> None:
         """The allocator's frees noted since the last pass (``CanaryState.freed``), marked before it: inside the
         forward's graph when captured, so a replay marks them with no host work."""
         module = load_kernel_module(state_spec(state), self.kernel_dir)
