@@ -65,13 +65,15 @@ class RequestSide:
 
     def apply(self) -> None:
         """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
+        self.offset = 0  # the buffer's entries: marked by this forward's pre-forward op, before its pass
+        self.pending = False
+        if not self.new_rows and not self.freed:  # a step's frees that fit the buffer: nothing to enqueue
+            return
         import torch
 
         state = self.state
         rows, self.new_rows = self.new_rows, []
         freed, self.freed = self.freed, []
-        self.offset = 0  # the buffer's entries: marked by this forward's pre-forward op, before its pass
-        self.pending = False
         if rows and state.identity is not None:
             device = state.identity.device
             ints = [r for r in rows if isinstance(r, int)]
