@@ -22,6 +22,9 @@ MIN_WEIGHT = 4_000_000  # below this much work (bytes to read or scan), a fork c
 # The pair whose worker is being forked: the worker inherits it (functions need not be picklable,
 # and the first map's shared counter can only be handed over by inheritance).
 _forking: Pair | None = None
+_worker: Pair | None = None  # in the worker: its copy of the pair, for every step
+
+
 
 
 def _can_fork() -> bool:
@@ -46,12 +49,15 @@ def split(weights: Sequence[int]) -> tuple[list[int], list[int]]:
 
 def _worker_take(name: str, items: Sequence, chunks: list[list[int]]) -> tuple[int, list]:
     """In the worker: its share of the first map, and its pid (to tell the caller it is not this process)."""
-    return os.getpid(), _forking._take(name, items, chunks)
+    global _worker
+    _worker = _forking
+    _worker.pid = os.getpid()  # the worker's side of the pair is forked too: what it runs shares no core
+    return os.getpid(), _worker._take(name, items, chunks)
 
 
 def _worker_call(name: str, calls: list[tuple]) -> list:
     """In the worker: a later step's share, run over the worker's own memory."""
-    function = _forking.functions[name]
+    function = _worker.functions[name]
     return [function(*args) for args in calls]
 
 
