@@ -8,14 +8,18 @@ running), or the work is small, everything runs in this process.
 
 A `Pair` keeps its worker for several steps, so that a later step can run where an earlier one
 left its data (check's caller search runs over the bytes each side read, instead of this process
-reading the worker's half of the tree again).
+reading the worker's half of the tree again). `map_two` forks a child of its own for one map.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 MIN_WEIGHT = 4_000_000  # below this much work (bytes to read or scan), a fork costs more than it saves
 
@@ -23,8 +27,6 @@ MIN_WEIGHT = 4_000_000  # below this much work (bytes to read or scan), a fork c
 # and the first map's shared counter can only be handed over by inheritance).
 _forking: Pair | None = None
 _worker: Pair | None = None  # in the worker: its copy of the pair, for every step
-
-
 
 
 def _can_fork() -> bool:
@@ -208,7 +210,46 @@ class Pair:
         self.close()
 
 
-def map_two(fn: Callable, items: Sequence, weights: Sequence[int]) -> list:
-    """[fn(item) for item in items], shared with a pool worker for this one map when the work is large."""
-    with Pair({"map": fn}, sum(weights)) as pair:
-        return pair.map("map", items, weights)[0]
+def map_two(fn: Callable[[T], R], items: Sequence[T], weights: Sequence[int]) -> list[R]:
+    """[fn(item) for item in items], the lighter-weight half computed in a forked child.
+
+    A plain fork, not a pool: this one map runs once per caller-search round of a warm run, where a
+    pool's imports and start cost more than the map saves (bench/check/RESULTS.md)."""
+    if sum(weights) < MIN_WEIGHT or len(items) < 2 or not _can_fork():
+        return [fn(item) for item in items]
+    mine, theirs = split(weights)
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return [fn(item) for item in items]
+    if pid == 0:  # the child: compute its half, send it, and leave without running any cleanup
+        status = 1
+        try:
+            os.close(read_end)
+            body = pickle.dumps([fn(items[i]) for i in theirs], protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(write_end, "wb") as out:
+                out.write(body)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    results: list = [None] * len(items)
+    try:
+        for index in mine:
+            results[index] = fn(items[index])
+    finally:
+        with os.fdopen(read_end, "rb") as pipe:
+            body = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    try:
+        theirs_results = pickle.loads(body) if status == 0 else None
+    except Exception:  # noqa: BLE001 - a child that failed half-way: do its half here
+        theirs_results = None
+    if theirs_results is None or len(theirs_results) != len(theirs):
+        theirs_results = [fn(items[i]) for i in theirs]
+    for index, value in zip(theirs, theirs_results):
+        results[index] = value
+    return results
