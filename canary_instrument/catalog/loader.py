@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 import copy
+from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from canary_instrument.catalog.model import (
-    EVIDENCE,
-    TRIGGER_KINDS,
     Catalog,
     CatalogError,
     Hook,
@@ -82,81 +82,53 @@ def _read_toml(path: Path) -> dict:
         raise CatalogError(f"{path}: not valid TOML: {error}") from None
 
 
-_TOP_KEYS = {
-    "default", "runtime_module", "member", "placeholder_factory", "managers", "sites", "hooks",
-    "triggers", "extend_triggers", "exclude", "catalog", "null_contexts", "model_runner", "kv_forward",
-}
-_SITE_KEYS = {
-    "role", "placeholder", "shape", "calls", "wiring", "item", "loop", "candidates", "extend_candidates",
-    "manager", "requires", "class_refs", "evidence",
-}
-_HOOK_KEYS = {
-    "role", "place", "after_calls", "assigns", "statement", "scope", "manager", "candidates", "extend_candidates",
-}
-_MODEL_RUNNER_KEYS = {"class_calls", "names", "types"}
-_SHAPES = ("wrap", "with_item", "argument")
-_PLACES = ("after_assign", "after_capture")
-_SCOPES = ("model_runner", "holder", "manager")
-_LOCATION_KEYS = {"path", "classes", "methods", "manager"}
-_TRIGGER_KEYS = {"calls", "what", "kind"}
-_KV_FORWARD_KEYS = {"methods", "batch_types", "batch_names"}
+# The TOML tables and the model dataclass each is checked against (model.py's field types are the schema).
+_TABLES = {"sites": Site, "hooks": Hook, "triggers": Trigger, "extend_triggers": Trigger}
+_EXTENDS = {"extend_candidates"}  # overlay-only keys of a site or hook: merged into `candidates`
+_TOP_KEYS = {f.name for f in fields(Catalog)} - {"sources"} | {"default", "catalog", "extend_triggers"}
+
+
+def _known(cls) -> set[str]:
+    return {f.name for f in fields(cls)} | (_EXTENDS if cls in (Site, Hook) else set())
+
+
+def _unknown(source: str, where: str, table: dict, cls) -> None:
+    known = _known(cls)
+    for name in table:
+        if name not in known:
+            raise CatalogError(f"{source}: {where}.{name}: unknown field (known: {', '.join(sorted(known))})")
 
 
 def _check_layer(source: str, raw: dict) -> None:
-    """Reject unknown keys and wrongly typed containers in one layer, naming the layer."""
+    """Reject unknown keys and wrongly typed containers in one layer, naming the layer (values are
+    checked once the layers are merged)."""
     for key in raw:
         if key not in _TOP_KEYS:
             raise CatalogError(f"{source}: {key}: unknown catalog field (known: {', '.join(sorted(_TOP_KEYS))})")
     if "catalog" in raw:
         raise CatalogError(f"{source}: catalog: give a catalog file with --catalog FILE, not inside a catalog")
-    for key in ("sites", "hooks", "triggers", "extend_triggers"):
+    for key, cls in _TABLES.items():
         if key in raw and not (isinstance(raw[key], list) and all(isinstance(e, dict) for e in raw[key])):
             raise CatalogError(f"{source}: {key}: expected an array of tables ([[{key}]])")
-    if "model_runner" in raw:
-        if not isinstance(raw["model_runner"], dict):
-            raise CatalogError(f"{source}: model_runner: expected a table [model_runner]")
-        for field in raw["model_runner"]:
-            if field not in _MODEL_RUNNER_KEYS:
-                raise CatalogError(
-                    f"{source}: model_runner.{field}: unknown field (known: {', '.join(sorted(_MODEL_RUNNER_KEYS))})"
-                )
-    for key in ("triggers", "extend_triggers"):
         for index, entry in enumerate(raw.get(key, [])):
-            for field in entry:
-                if field not in _TRIGGER_KEYS:
-                    raise CatalogError(
-                        f"{source}: {key}[{index}].{field}: unknown field (known: {', '.join(sorted(_TRIGGER_KEYS))})"
-                    )
-    if "kv_forward" in raw:
-        if not isinstance(raw["kv_forward"], dict):
-            raise CatalogError(f"{source}: kv_forward: expected a table [kv_forward]")
-        for field in raw["kv_forward"]:
-            if field not in _KV_FORWARD_KEYS:
-                raise CatalogError(
-                    f"{source}: kv_forward.{field}: unknown field (known: {', '.join(sorted(_KV_FORWARD_KEYS))})"
-                )
+            where = f"{key}[{index}]"
+            if cls in (Site, Hook) and not isinstance(entry.get("role"), str):
+                raise CatalogError(f"{source}: {where}.role: expected a string naming the role")
+            _unknown(source, where, entry, cls)
+            for name in ("candidates", "extend_candidates"):
+                for position, location in enumerate(entry.get(name, [])):
+                    if not isinstance(location, dict):
+                        raise CatalogError(f"{source}: {where}.{name}[{position}]: expected a table")
+                    _unknown(source, f"{where}.{name}[{position}]", location, Location)
+    for key, cls in (("model_runner", ModelRunnerShape), ("kv_forward", KvForward)):
+        if key in raw:
+            if not isinstance(raw[key], dict):
+                raise CatalogError(f"{source}: {key}: expected a table [{key}]")
+            _unknown(source, key, raw[key], cls)
     if "managers" in raw and not (
         isinstance(raw["managers"], dict) and all(isinstance(v, dict) for v in raw["managers"].values())
     ):
         raise CatalogError(f"{source}: managers: expected tables [managers.NAME]")
-    for key, known in (("sites", _SITE_KEYS), ("hooks", _HOOK_KEYS)):
-        for index, entry in enumerate(raw.get(key, [])):
-            where = f"{source}: {key}[{index}]"
-            if not isinstance(entry.get("role"), str):
-                raise CatalogError(f"{where}.role: expected a string naming the role")
-            for field in entry:
-                if field not in known:
-                    raise CatalogError(f"{where}.{field}: unknown field (known: {', '.join(sorted(known))})")
-            for field in ("candidates", "extend_candidates"):
-                for position, location in enumerate(entry.get(field, [])):
-                    if not isinstance(location, dict):
-                        raise CatalogError(f"{where}.{field}[{position}]: expected a table")
-                    for name in location:
-                        if name not in _LOCATION_KEYS:
-                            raise CatalogError(
-                                f"{where}.{field}[{position}].{name}: unknown field "
-                                f"(known: {', '.join(sorted(_LOCATION_KEYS))})"
-                            )
 
 
 def _overlay(base: dict, layer: dict) -> dict:
@@ -187,31 +159,80 @@ def _overlay(base: dict, layer: dict) -> dict:
     return merged
 
 
-def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
-    def string(value, where, required=True):
-        if value is None and not required:
+def _conform(value, kind, where: str, source: str, empty: bool = False):
+    """`value` checked against a model field's type (str, bool, a Literal, `X | None`, `tuple[X, ...]`)."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, UnionType):
+        if value is None:
             return None
+        (kind,) = (arg for arg in args if arg is not type(None))
+        origin, args = get_origin(kind), get_args(kind)
+    if kind is str:
         if not isinstance(value, str) or not value:
             raise CatalogError(f"{source}: {where}: expected a non-empty string, got {value!r}")
         return value
-
-    def strings(value, where, empty=False):
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise CatalogError(f"{source}: {where}: expected true or false, got {value!r}")
+        return value
+    if origin is Literal:
+        if value not in args:
+            raise CatalogError(f"{source}: {where}: expected one of {', '.join(args)}, got {value!r}")
+        return value
+    if origin is tuple and args[1:] == (Ellipsis,):
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or (not value and not empty) or not all(isinstance(v, str) and v for v in value):
             raise CatalogError(f"{source}: {where}: expected a non-empty list of strings, got {value!r}")
+        if get_origin(args[0]) is Literal:
+            for item in value:
+                if item not in get_args(args[0]):
+                    raise CatalogError(f"{source}: {where}: {item!r} is not one of {', '.join(get_args(args[0]))}")
         return tuple(value)
+    raise TypeError(f"no catalog check for {kind!r}")  # a model field of a type this loader does not know
 
+
+def _values(cls, table: dict, where: str, source: str, skip: tuple[str, ...] = ()) -> dict:
+    """The fields of `cls` that `table` gives (and those it must give), checked against the model's types."""
+    out = {}
+    prefix = f"{where}." if where else ""
+    for name, kind, required, empty in _schema(cls):
+        if name in skip:
+            continue
+        if name in table:
+            value = table[name]
+        elif required:
+            value = None  # missing: the type's check names what was expected
+        else:
+            continue
+        out[name] = _conform(value, kind, prefix + name, source, empty)
+    return out
+
+
+_SCHEMAS: dict[type, list[tuple]] = {}
+
+
+def _schema(cls) -> list[tuple]:
+    """(name, type, required, may be empty) of each field of a model class."""
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        schema = _SCHEMAS[cls] = [
+            (f.name, f.type, f.default is MISSING, f.metadata.get("empty", False) or f.default == ())
+            for f in fields(cls)
+        ]
+    return schema
+
+
+def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
     def expression(value, where, loop_index="i"):
-        text = string(value, where)
         try:
-            ast.parse(text.replace("{loop_index}", loop_index), mode="eval")
+            ast.parse(value.replace("{loop_index}", loop_index), mode="eval")
         except SyntaxError as error:
-            raise CatalogError(f"{source}: {where}: not a Python expression: {error.msg}: {text!r}") from None
-        return text
+            raise CatalogError(f"{source}: {where}: not a Python expression: {error.msg}: {value!r}") from None
+        return value
 
     def manager_name(value, where):
-        name = string(value, where)
+        name = _conform(value, str, where, source)
         if name not in managers:
             raise CatalogError(
                 f"{source}: {where}: {name!r} is not a [managers.NAME] table "
@@ -219,154 +240,80 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
             )
         return name
 
-    runtime_module = string(raw.get("runtime_module", "canary_instrument.runtime"), "runtime_module")
+    top = _values(Catalog, {
+        "runtime_module": "canary_instrument.runtime", "member": "canary_ctx",
+        "placeholder_factory": "contextlib.nullcontext", **raw,
+    }, "", source, skip=("managers", "sites", "hooks", "triggers", "exclude", "sources", "model_runner", "kv_forward"))
+    runtime_module = top["runtime_module"]
     if not all(part.isidentifier() for part in runtime_module.split(".")):
         raise CatalogError(f"{source}: runtime_module: expected a dotted module name, got {runtime_module!r}")
-    member = string(raw.get("member", "canary_ctx"), "member")
-    if not member.isidentifier():
-        raise CatalogError(f"{source}: member: expected an identifier, got {member!r}")
-    factory = string(raw.get("placeholder_factory", "contextlib.nullcontext"), "placeholder_factory")
-    if "." not in factory:
+    if not top["member"].isidentifier():
+        raise CatalogError(f"{source}: member: expected an identifier, got {top['member']!r}")
+    if "." not in top["placeholder_factory"]:
         raise CatalogError(f"{source}: placeholder_factory: expected a qualified name such as contextlib.nullcontext")
-    null_contexts = strings(raw.get("null_contexts", ["nullcontext", "empty_context"]), "null_contexts", empty=True)
-    shape_raw = raw.get("model_runner", {})
-    default_shape = ModelRunnerShape()
-    model_runner = ModelRunnerShape(
-        class_calls=strings(shape_raw.get("class_calls", list(default_shape.class_calls)), "model_runner.class_calls"),
-        names=strings(shape_raw.get("names", list(default_shape.names)), "model_runner.names"),
-        types=strings(shape_raw.get("types", list(default_shape.types)), "model_runner.types", empty=True),
-    )
+    model_runner = ModelRunnerShape(**_values(ModelRunnerShape, raw.get("model_runner", {}), "model_runner", source))
+    kv_forward = KvForward(**_values(KvForward, raw.get("kv_forward", {}), "kv_forward", source))
 
     managers = {}
-    for name, fields in raw.get("managers", {}).items():
+    for name, table in raw.get("managers", {}).items():
         where = f"managers.{name}"
+        values = _values(Manager, table, where, source, skip=("name",))
         managers[name] = Manager(
             name=name,
-            expression=expression(fields.get("expression"), f"{where}.expression"),
-            guard=expression(fields["guard"], f"{where}.guard") if "guard" in fields else None,
+            expression=expression(values["expression"], f"{where}.expression"),
+            guard=expression(values["guard"], f"{where}.guard") if values.get("guard") is not None else None,
         )
 
     def locations(entry, where):
-        result = []
         candidates = entry.get("candidates", [])
         if not isinstance(candidates, list):
             raise CatalogError(f"{source}: {where}.candidates: expected [[...candidates]] locations")
-        for position, location in enumerate(candidates):
+        result = []
+        for position, table in enumerate(candidates):
             at = f"{where}.candidates[{position}]"
-            manager = location.get("manager")
-            if manager is not None:
-                manager = manager_name(manager, f"{at}.manager")
-            result.append(
-                Location(
-                    path=string(location.get("path"), f"{at}.path"),
-                    classes=strings(location.get("classes", ["*"]), f"{at}.classes"),
-                    methods=strings(location.get("methods", ["*"]), f"{at}.methods"),
-                    manager=manager,
-                )
-            )
+            location = Location(**_values(Location, table, at, source))
+            if location.manager is not None:
+                manager_name(location.manager, f"{at}.manager")
+            result.append(location)
         return tuple(result)
 
     sites = []
     for entry in raw.get("sites", []):
         where = f"sites[role={entry['role']}]"
-        shape = entry.get("shape")
-        if shape not in _SHAPES:
-            raise CatalogError(f"{source}: {where}.shape: expected one of {', '.join(_SHAPES)}, got {shape!r}")
-        item = entry.get("item", "first")
-        if item not in ("first", "last"):
-            raise CatalogError(f"{source}: {where}.item: expected \"first\" or \"last\", got {item!r}")
-        loop = entry.get("loop", False)
-        if not isinstance(loop, bool):
-            raise CatalogError(f"{source}: {where}.loop: expected true or false, got {loop!r}")
-        wiring = expression(entry.get("wiring"), f"{where}.wiring")
-        if "{loop_index}" in wiring and not loop:
+        values = _values(Site, entry, where, source, skip=("manager", "candidates"))
+        wiring = expression(values["wiring"], f"{where}.wiring")
+        if "{loop_index}" in wiring and not values.get("loop", False):
             raise CatalogError(f"{source}: {where}.wiring: uses {{loop_index}} but the site has no `loop = true`")
-        placeholder = string(entry.get("placeholder"), f"{where}.placeholder")
-        if not placeholder.isidentifier():
-            raise CatalogError(f"{source}: {where}.placeholder: expected an identifier, got {placeholder!r}")
+        if not values["placeholder"].isidentifier():
+            raise CatalogError(f"{source}: {where}.placeholder: expected an identifier, got {values['placeholder']!r}")
         candidates = locations(entry, where)
         manager = entry.get("manager")
         if manager is None:
             # Older catalogs named the manager per candidate.
             manager = next((c.manager for c in candidates if c.manager), None)
-        manager = manager_name(manager, f"{where}.manager")
-        evidence = strings(entry.get("evidence", []), f"{where}.evidence", empty=True)
-        for name in evidence:
-            if name not in EVIDENCE:
-                raise CatalogError(f"{source}: {where}.evidence: {name!r} is not one of {', '.join(EVIDENCE)}")
-        sites.append(
-            Site(
-                role=entry["role"],
-                placeholder=placeholder,
-                shape=shape,
-                calls=strings(entry.get("calls"), f"{where}.calls"),
-                wiring=wiring,
-                manager=manager,
-                candidates=candidates,
-                item=item,
-                loop=loop,
-                requires=strings(entry.get("requires", []), f"{where}.requires", empty=True),
-                class_refs=strings(entry.get("class_refs", []), f"{where}.class_refs", empty=True),
-                evidence=evidence,
-            )
-        )
+        sites.append(Site(**values, manager=manager_name(manager, f"{where}.manager"), candidates=candidates))
 
     hooks = []
     for entry in raw.get("hooks", []):
         where = f"hooks[role={entry['role']}]"
-        statement = string(entry.get("statement"), f"{where}.statement")
+        values = _values(Hook, entry, where, source, skip=("manager", "candidates"))
         try:
-            parsed = ast.parse(statement.replace("{model_runner}", "self").replace("{value}", "self.value"))
+            parsed = ast.parse(values["statement"].replace("{model_runner}", "self").replace("{value}", "self.value"))
         except SyntaxError as error:
             raise CatalogError(f"{source}: {where}.statement: not a Python statement: {error.msg}") from None
         if len(parsed.body) != 1 or not isinstance(parsed.body[0], (ast.Assign, ast.Expr)):
             raise CatalogError(f"{source}: {where}.statement: expected one assignment or call statement")
-        place = entry.get("place", "after_assign")
-        if place not in _PLACES:
-            raise CatalogError(f"{source}: {where}.place: expected one of {', '.join(_PLACES)}, got {place!r}")
-        scope = entry.get("scope", "model_runner")
-        if scope not in _SCOPES:
-            raise CatalogError(f"{source}: {where}.scope: expected one of {', '.join(_SCOPES)}, got {scope!r}")
         manager = entry.get("manager")
-        if scope == "manager" or manager is not None:
+        if values.get("scope") == "manager" or manager is not None:
             manager = manager_name(manager, f"{where}.manager")
-        after_calls = strings(entry.get("after_calls", []), f"{where}.after_calls", empty=True)
-        assigns = strings(entry.get("assigns", []), f"{where}.assigns", empty=True)
-        if not after_calls and not assigns:
+        if not values.get("after_calls") and not values.get("assigns"):
             raise CatalogError(f"{source}: {where}.after_calls: a hook needs `after_calls` or `assigns`")
-        hooks.append(
-            Hook(
-                role=entry["role"],
-                place=place,
-                statement=statement,
-                scope=scope,
-                after_calls=after_calls,
-                assigns=assigns,
-                manager=manager,
-                candidates=locations(entry, where),
-            )
-        )
+        hooks.append(Hook(**values, manager=manager, candidates=locations(entry, where)))
 
-    triggers = []
-    for index, entry in enumerate(raw.get("triggers", [])):
-        kind = entry.get("kind", "forward")
-        if kind not in TRIGGER_KINDS:
-            raise CatalogError(
-                f"{source}: triggers[{index}].kind: expected one of {', '.join(TRIGGER_KINDS)}, got {kind!r}"
-            )
-        triggers.append(
-            Trigger(
-                calls=strings(entry.get("calls"), f"triggers[{index}].calls"),
-                what=string(entry.get("what", "forward path"), f"triggers[{index}].what"),
-                kind=kind,
-            )
-        )
-    kv_raw = raw.get("kv_forward", {})
-    defaults = KvForward()
-    kv_forward = KvForward(**{
-        name: strings(kv_raw[name], f"kv_forward.{name}") if name in kv_raw else getattr(defaults, name)
-        for name in _KV_FORWARD_KEYS
-    })
+    triggers = tuple(
+        Trigger(**_values(Trigger, entry, f"triggers[{index}]", source))
+        for index, entry in enumerate(raw.get("triggers", []))
+    )
 
     exclude = raw.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
@@ -374,15 +321,15 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
 
     return Catalog(
         runtime_module=runtime_module,
-        member=member,
-        placeholder_factory=factory,
+        member=top["member"],
+        placeholder_factory=top["placeholder_factory"],
         managers=managers,
         sites=tuple(sites),
         hooks=tuple(hooks),
-        triggers=tuple(triggers),
+        triggers=triggers,
         exclude=tuple(exclude),
         sources=sources,
-        null_contexts=null_contexts,
+        null_contexts=top.get("null_contexts", Catalog.null_contexts),
         model_runner=model_runner,
         kv_forward=kv_forward,
     )

@@ -1,9 +1,16 @@
-"""The site catalog as typed, validated data: roles described by shape, managers, hooks, triggers, location hints."""
+"""The site catalog as typed, validated data: roles described by shape, managers, hooks, triggers, location hints.
 
-from __future__ import annotations
+The field types are the catalog's schema: the loader checks a TOML table against them (a `Literal`
+lists the values a field takes; `EMPTY_OK` marks a list that may be empty although its default is not).
+They are evaluated when the classes are made (no postponed annotations), so the loader reads them as
+they are instead of resolving strings on every run.
+"""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import Literal
+
+EMPTY_OK = {"empty": True}  # field metadata: the list may be given empty
 
 # What the runtime module exports (docs/architecture.md, "The wiring contract").
 RUNTIME_EXPORTS = ("attach_radix_cache", "canary_context", "context_tuple", "install_canary", "mark_init_finished")
@@ -77,7 +84,7 @@ class ModelRunnerShape:
 
     class_calls: tuple[str, ...] = ("_forward_raw",)
     names: tuple[str, ...] = ("*model_runner", "mr")
-    types: tuple[str, ...] = ("*ModelRunner",)
+    types: tuple[str, ...] = field(default=("*ModelRunner",), metadata=EMPTY_OK)
 
 
 @dataclass(frozen=True)
@@ -86,16 +93,16 @@ class Site:
 
     role: str
     placeholder: str
-    shape: str  # "wrap" | "with_item" (the placeholder guards a with block) | "argument" (it is passed to a call)
+    shape: Literal["wrap", "with_item", "argument"]  # wrap, with_item: it guards a with block; argument: it is passed to a call
     calls: tuple[str, ...]  # what the guarded block (or the call receiving the placeholder) calls
     wiring: str  # expression; `{loop_index}` is the enclosing for-loop's variable
     manager: str  # a [managers.NAME] key
     candidates: tuple[Location, ...] = ()
-    item: str = "first"  # with_item: where the placeholder joins the with items
+    item: Literal["first", "last"] = "first"  # with_item: where the placeholder joins the with items
     loop: bool = False  # the site sits in a for loop whose variable the wiring uses
     requires: tuple[str, ...] = ()  # at least one of these must be called (default: one of `calls`)
     class_refs: tuple[str, ...] = ()  # the site's class must reference one of these dotted names
-    evidence: tuple[str, ...] = ()  # the arguments (EVIDENCE) hand-written wiring of this role carries
+    evidence: tuple[Literal["outside", "active"], ...] = ()  # the arguments hand-written wiring of this role carries
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -112,9 +119,9 @@ class Hook:
     """
 
     role: str
-    place: str  # "after_assign" | "after_capture"
     statement: str
-    scope: str  # "model_runner" | "holder" | "manager"
+    place: Literal["after_assign", "after_capture"] = "after_assign"
+    scope: Literal["model_runner", "holder", "manager"] = "model_runner"
     after_calls: tuple[str, ...] = ()
     assigns: tuple[str, ...] = ()
     manager: str | None = None  # scope = "manager": classes that reach this manager
@@ -133,8 +140,8 @@ class Trigger:
     """
 
     calls: tuple[str, ...]
-    what: str
-    kind: str = "forward"
+    what: str = "forward path"
+    kind: Literal["forward", "graph"] = "forward"
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,7 @@ class Catalog:
     triggers: tuple[Trigger, ...]
     exclude: tuple[str, ...]
     sources: tuple[str, ...]
-    null_contexts: tuple[str, ...] = ("nullcontext", "empty_context")
+    null_contexts: tuple[str, ...] = field(default=("nullcontext", "empty_context"), metadata=EMPTY_OK)
     model_runner: ModelRunnerShape = ModelRunnerShape()
     kv_forward: KvForward = KvForward()
 

@@ -2,7 +2,8 @@
 
 One cache file per invocation (tool build, effective catalog, given paths) under
 `.canary-instrument-cache/` at the git root holding the first path (a tree outside git gets no
-new folder: its cache goes to `$XDG_CACHE_HOME/canary-instrument`). An entry is reused when the file's size, mtime and inode are
+new folder: its cache goes to the user's cache folder, as platformdirs names it: on Linux
+`$XDG_CACHE_HOME/canary-instrument`). An entry is reused when the file's size, mtime and inode are
 what they were (and the mtime is not so recent that a same-tick edit could hide behind it), or else
 when its content hash is. The file is signed with a key kept in the user's own cache folder, so a
 cache that was tampered with, copied from elsewhere, truncated or written by another build is
@@ -21,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from platformdirs import user_cache_path
+
 import canary_instrument
 from canary_instrument.catalog import Catalog
 
@@ -35,9 +38,9 @@ def content_hash(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def user_cache_home() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME")
-    return Path(base) if base else Path.home() / ".cache"
+def user_cache_dir() -> Path:
+    """This user's cache folder for the tool (platformdirs: `$XDG_CACHE_HOME/canary-instrument` on Linux)."""
+    return user_cache_path("canary-instrument", appauthor=False)
 
 
 def default_cache_dirs(paths) -> list[Path]:
@@ -49,7 +52,7 @@ def default_cache_dirs(paths) -> list[Path]:
         if (folder / ".git").exists():
             found.append(folder / FOLDER)
             break
-    return [*found, user_cache_home() / "canary-instrument"]
+    return [*found, user_cache_dir()]
 
 
 def tool_digest() -> str:
@@ -70,7 +73,8 @@ def tool_digest() -> str:
 
 
 class CheckCache:
-    """Per-file entries of one check invocation: `path -> (size, mtime_ns, ino, hash, needs, payload)`.
+    """Per-file entries of one check invocation: `path -> (size, mtime_ns, ino, hash, needs, payload)`
+    (plain tuples, not black's NamedTuple: unpickling one per file costs the warm run more).
 
     `payload` is whatever check stores for the file (its FileReport, a SourceError, or None for a
     file that needed no analysis), pickled; `extra` holds tree-level data check keeps between runs.
@@ -232,7 +236,7 @@ def _prepare(folder: Path) -> bool:
 
 def _signing_key() -> bytes | None:
     """This user's cache signing key (created on first use, readable by the user only)."""
-    path = user_cache_home() / "canary-instrument" / "cache-key"
+    path = user_cache_dir() / "cache-key"
     try:
         key = path.read_bytes()
         if len(key) == 32:

@@ -25,6 +25,8 @@ UNDECODABLE = "CI903"  # bytes invalid in the declared (or default UTF-8) encodi
 SYMLINK_LOOP = "CI904"  # a symbolic link that resolves back into itself or an ancestor
 WRITE_FAILED = "CI905"  # the atomic write could not complete; the original is untouched
 
+# Kept by hand, as black keeps DEFAULT_EXCLUDES; .gitignore files are not read with pathspec, whose import
+# costs a large part of a warm check on every tree that holds one (bench/check/RESULTS.md, "Libraries measured").
 SKIPPED_DIRS = frozenset(
     {
         ".git",

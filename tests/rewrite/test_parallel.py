@@ -25,7 +25,7 @@ two_cores = pytest.mark.skipif(
 
 _SCENARIO = textwrap.dedent("""
     import json, os, sys, time
-    from canary_instrument.rewrite.parallel import MIN_WEIGHT, Pair
+    from canary_instrument.rewrite.parallel import MIN_WEIGHT, Pair, map_two
 
     seen = {}  # what each process has computed: stays in the process that computed it
 
@@ -33,6 +33,8 @@ _SCENARIO = textwrap.dedent("""
         if mode == "fail-first" and os.getpid() != parent:
             raise RuntimeError("the child fails in the first map")
         time.sleep(0.02)  # long enough that both sides take items from the queue
+        if mode == "nested":  # a step that maps on its own (check's caller search does)
+            assert map_two(abs, [-1, -2], [MIN_WEIGHT, MIN_WEIGHT]) == [1, 2]
         seen[item] = os.getpid()
         return item * item
 
@@ -90,6 +92,16 @@ def test_a_pair_shares_a_map_and_each_side_keeps_what_it_computed():
     assert out["held"] == out["expected_held"]  # the child answered from its own memory
     assert out["second"][0] == [100, 121, 144, 169]
     assert sorted(out["second"][1]) == [0, 0, 1, 1]  # a later map: split by weight, half each
+    assert out["reaped"]
+
+
+@two_cores
+def test_a_map_inside_a_step_leaves_the_worker_its_pair():
+    out = _run("nested")
+    assert out["results"] == [i * i for i in range(10)]
+    assert 1 in out["sides"]
+    assert out["held"] == out["expected_held"]  # later steps still ran in the worker, over its memory
+    assert sorted(out["second"][1]) == [0, 0, 1, 1]
     assert out["reaped"]
 
 
