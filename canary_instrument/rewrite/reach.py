@@ -35,8 +35,15 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 #                            or the class it constructs)
 #   ("name", m, word)        .m(...) on anything else (`self.runners[i].m`); `word` names the receiver
 #                            (`runners`) or is None
-# An untyped receiver (attr, var, name) may be any class of the tree whose name its name fits
-# (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
+# What a receiver holds comes from what the code shows (type sources, below): annotations,
+# constructor calls, what a called function returns, an attribute of a typed object. A receiver's name
+# only ranks the classes those give (naming.receiver_fits); one nothing types reaches nothing.
+#
+# Type sources (what a local, an attribute or a function's result holds):
+#   ("q", qualified)         an instance of the class so named (annotation, constructor call)
+#   ("attr", a)              what `self.a` holds, in the class of the function asking
+#   ("call", t, scope)       what the call of target t returns, t resolved from function `scope`
+#   ("get", sources, a)      attribute `a` of what `sources` hold (`capture.decode.runner`)
 
 
 def _pickled_as_call(cls):
@@ -78,6 +85,7 @@ class DefFacts(NamedTuple):
     triggers: tuple[TriggerCall, ...]
     kv: bool  # makes a KV-reading forward call by shape (catalog `kv_forward`)
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
+    returned: tuple[tuple, ...] = ()  # what its first `return` hands back, as type sources (preferred when they resolve)
 
 
 @_pickled_as_call
@@ -85,7 +93,7 @@ class ClassFacts(NamedTuple):
     qualname: str
     line: int
     bases: tuple[str, ...]  # qualified names
-    attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
+    attrs: tuple[tuple[str, tuple], ...]  # attribute -> qualified class names it holds, or type sources
 
 
 @_pickled_as_call
@@ -129,7 +137,7 @@ class _Scope:
     """A function being reduced to facts."""
 
     __slots__ = ("qualname", "cls", "line", "edges", "triggers", "kv", "types", "aliases", "nested", "refs",
-                 "batches", "parent", "returns")
+                 "batches", "parent", "returns", "returned")
 
     def __init__(self, qualname, cls, line, parent):
         self.qualname = qualname
@@ -145,6 +153,7 @@ class _Scope:
         self.refs: dict = {}  # (name, site) -> line of a name read that may be a function reference
         self.batches: set[str] = set()
         self.returns: tuple = ()
+        self.returned: tuple | None = None
 
 
 class _FactsBuilder:
@@ -308,11 +317,11 @@ class _FactsBuilder:
                     continue
                 elif special is _WITH:
                     self.bracket(node)
-                elif special is _RETURN and node.value is not None and not scope.returns:
+                elif special is _RETURN and node.value is not None and scope.returned is None:
                     value = node.value
                     while isinstance(value, ast.Subscript):
                         value = value.value  # `return self.runners[step]`: an element of what `runners` holds
-                    scope.returns = self.value_types(value, scope)
+                    scope.returned = self.value_types(value, scope)
             elif node is None:
                 continue  # a dict display's `**mapping` key
             # Children pushed last field first, each list backwards, so that they pop in source order.
@@ -376,7 +385,7 @@ class _FactsBuilder:
         self.walk_block(node.body, scope, qualname)
         attrs = self.class_attrs.pop(qualname)
         self.classes.append(ClassFacts(
-            qualname, node.lineno, bases, tuple((a, tuple(sorted(t))) for a, t in sorted(attrs.items()))
+            qualname, node.lineno, bases, tuple((a, tuple(sorted(t, key=repr))) for a, t in sorted(attrs.items()))
         ))
 
     def finish(self, scope: _Scope) -> None:
@@ -388,6 +397,7 @@ class _FactsBuilder:
         edges = list(edges.values())
         self.defs.append(DefFacts(
             scope.qualname, scope.cls, scope.line, tuple(edges), tuple(scope.triggers), scope.kv, scope.returns,
+            scope.returned or (),
         ))
 
     # -- statements and calls -------------------------------------------------------------------------
@@ -419,25 +429,40 @@ class _FactsBuilder:
                 self.walk(target.value, scope, cls)
                 if isinstance(target.value, ast.Name) and target.value.id == "self":
                     owner = scope.cls or _enclosing_class(scope)
-                    qualified = tuple(t for kind, t in sources if kind == "q")
-                    if owner is not None and qualified:
-                        self.class_attrs.setdefault(owner, defaultdict(set))[target.attr].update(qualified)
+                    qualified = tuple(s[1] for s in sources if s[0] == "q")
+                    if owner is not None and sources:
+                        # Qualified classes as names; what a call returns or a chain holds as its source.
+                        self.class_attrs.setdefault(owner, defaultdict(set))[target.attr].update(
+                            s[1] if s[0] == "q" else s for s in sources)
                     if qualified:
                         self.names[target.attr].update(qualified)
             else:
                 self.walk(target, scope, cls)
 
     def value_types(self, value, scope: _Scope) -> tuple:
-        if isinstance(value, ast.Call):
+        """The type sources of what an expression evaluates to (empty: the code does not show it)."""
+        kind = type(value)
+        if kind is ast.Call:
             dotted = _dotted(value.func)
             if dotted is not None and dotted.rpartition(".")[2][:1].isupper():
                 head = dotted.partition(".")[0]
                 if head not in scope.types and head != "self":
                     return (("q", self.qualify(dotted)),)
-        elif isinstance(value, ast.Name):
-            return scope.types.get(value.id, ())
-        elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
-            return (("attr", value.attr),)
+            target = self.call_target(value.func, scope)
+            return (("call", target, scope.qualname),) if target is not None else ()
+        if kind is ast.Name:
+            return _lookup(scope, "types", value.id) or ()
+        if kind is ast.Attribute:
+            if isinstance(value.value, ast.Name) and value.value.id == "self":
+                return (("attr", value.attr),)
+            inner = self.value_types(value.value, scope)
+            return (("get", inner, value.attr),) if inner else ()
+        if kind is ast.IfExp:
+            return self.value_types(value.body, scope) + self.value_types(value.orelse, scope)
+        if kind is ast.BoolOp:
+            return tuple(s for v in value.values for s in self.value_types(v, scope))
+        if kind is ast.NamedExpr:
+            return self.value_types(value.value, scope)
         return ()
 
     def name_target(self, name: str, scope: _Scope) -> tuple | None:
