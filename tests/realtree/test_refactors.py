@@ -71,7 +71,9 @@ class Measured:
 
     @property
     def loud(self) -> bool:
-        return self.exit_code == 1 and bool(self.findings)
+        # A finding about what could not be placed: the uncovered forward paths (CI301) that apply reports
+        # on the unrefactored release too say nothing about a site or hook left out.
+        return self.exit_code == 1 and any(f.code != "CI301" for f in self.findings)
 
     @property
     def holds(self) -> bool:
