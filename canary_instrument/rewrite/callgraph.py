@@ -72,13 +72,20 @@ class CallGraph:
                 self.subclasses[base].append(key)
         self.callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
         self.callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
+        # (caller, callee) pairs where the callee is only a subclass's override of the method the
+        # receiver's class has: real calls, but a path shown in a finding goes another way if it can.
+        self.weak: set[tuple[DefKey, DefKey]] = set()
         for key, fn in self.defs.items():
             out = []
             for edge in fn.edges:
-                for target in self.resolve(key, edge.target, edge.call):
+                targets = self.resolve(key, edge.target, edge.call)
+                weak = getattr(targets, "overrides", None)
+                for target in targets:
                     if target != key:
                         out.append((target, edge))
                         self.callers[target].append((key, edge))
+                        if weak and target in weak:
+                            self.weak.add((key, target))
             self.callees[key] = out
 
     # -- symbols -------------------------------------------------------------------------------------
@@ -277,7 +284,11 @@ class CallGraph:
         if word is not None and len(overrides) > 1:
             fitting = [key for key in overrides if receiver_fits(word, self.defs[key].cls.rpartition(".")[2])]
             overrides = fitting or overrides
-        return found + overrides
+        if not overrides or not found:
+            return found + overrides
+        resolved = _Resolved(found + overrides)
+        resolved.overrides = frozenset(overrides)  # a subclass's override: a call that may not run there
+        return resolved
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
@@ -359,6 +370,12 @@ class CallGraph:
             module = self.files[key[0]][1].module.rpartition(".")[2]
             name = f"{module}.{name}" if module else name
         return name
+
+
+class _Resolved(list):
+    """Methods a call may run, with those that are only subclasses' overrides marked."""
+
+    overrides: frozenset = frozenset()
 
 
 # Target kinds whose resolution does not depend on the calling function (see `_resolve`).

@@ -172,6 +172,23 @@ class _FactsBuilder:
         self.class_attrs: dict[str, dict[str, set[str]]] = {}
         self.names: dict[str, set[str]] = defaultdict(set)
         self.defs: list[DefFacts] = []
+        # Trigger calls a class spells its own way (`self.model.forward` in the model runner, the draft
+        # runner under another attribute), decided once the class's body is read (`respell`).
+        self.model_calls = tuple(catalog.model_runner.class_calls)
+        self.draft_flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)),
+                               None)
+        # The owners of the managers a draft runner's sites use: unguarded, held in an attribute that is
+        # not named like the target's model runner (`self.draft_runner`).
+        self.draft_owners = tuple(sorted({
+            owner for m in catalog.managers.values()
+            if m.guard is None and (owner := m.expression.rpartition(".")[0]).count(".") == 1
+            and owner.startswith("self.")
+            and not any(fnmatch.fnmatchcase(owner[5:], p) for p in catalog.model_runner.names)
+        }))
+        self.pending: dict[str, list[tuple[str, str, int, int, str | None]]] = defaultdict(list)
+        self.class_calls_seen: set[str] = set()  # classes that call the model runner's raw forward
+        self.flagged: dict[str, set[str]] = defaultdict(set)  # class -> attributes built with the draft flag
+        self.drafts: dict[str, set[str]] = defaultdict(set)  # class -> attributes holding a draft model runner
 
     # -- names -------------------------------------------------------------------------------------
     def qualify(self, dotted: str) -> str:
@@ -383,10 +400,48 @@ class _FactsBuilder:
         bases = tuple(self.qualify(d) for b in node.bases if (d := _dotted(b)) is not None)
         self.class_attrs[qualname] = defaultdict(set)
         self.walk_block(node.body, scope, qualname)
+        self.respell(qualname)
         attrs = self.class_attrs.pop(qualname)
         self.classes.append(ClassFacts(
             qualname, node.lineno, bases, tuple((a, tuple(sorted(t, key=repr))) for a, t in sorted(attrs.items()))
         ))
+
+    def respell(self, cls: str) -> None:
+        """Make triggers of the `self....forward(...)` calls of class `cls` that the catalog's patterns name
+        under another spelling: in a model runner (a class calling its raw forward) `self` is the model
+        runner (`self.model.forward` is `model_runner.model.forward`); an attribute the class assigns a
+        model runner taken from an object built with the draft flag (`self.draft_worker.model_runner`,
+        `is_draft_worker=True`) is the draft runner the catalog's managers name (`self.draft_runner`)."""
+        pending = self.pending.pop(cls, None)
+        if not pending:
+            return
+        spellings = {}
+        if cls in self.class_calls_seen:
+            spellings["self"] = "model_runner"
+        drafts = self.drafts.pop(cls, set()) | self.flagged.pop(cls, set())
+        for attribute in drafts:
+            for owner in self.draft_owners:
+                spellings.setdefault(f"self.{attribute}", owner)
+        if not spellings:
+            return
+        found: dict[str, list[TriggerCall]] = defaultdict(list)
+        for qualname, dotted, line, col, site in pending:
+            head, _, rest = dotted.rpartition(".")
+            for spelled, catalog_name in spellings.items():
+                if head == spelled or head.startswith(spelled + "."):
+                    name = catalog_name + head[len(spelled):] + "." + rest
+                    match = self.triggers[0].match(name)
+                    if match is not None:
+                        trigger = self.triggers[1][match.lastgroup]
+                        if trigger.kind == "forward":
+                            found[qualname].append(TriggerCall(dotted, "forward", trigger.what, line, col, site,
+                                                               None, ()))
+                        break
+        if found:
+            for index, fn in enumerate(self.defs):
+                extra = found.get(fn.qualname)
+                if extra:
+                    self.defs[index] = fn._replace(triggers=fn.triggers + tuple(extra), kv=True)
 
     def finish(self, scope: _Scope) -> None:
         edges = scope.edges
@@ -429,6 +484,8 @@ class _FactsBuilder:
                 self.walk(target.value, scope, cls)
                 if isinstance(target.value, ast.Name) and target.value.id == "self":
                     owner = scope.cls or _enclosing_class(scope)
+                    if owner is not None and value is not None and self.draft_flag is not None:
+                        self.note_draft(owner, target.attr, value)
                     qualified = tuple(s[1] for s in sources if s[0] == "q")
                     if owner is not None and sources:
                         # Qualified classes as names; what a call returns or a chain holds as its source.
@@ -438,6 +495,23 @@ class _FactsBuilder:
                         self.names[target.attr].update(qualified)
             else:
                 self.walk(target, scope, cls)
+
+    def note_draft(self, cls: str, attribute: str, value) -> None:
+        """`self.X = Y(..., is_draft_worker=True)` builds a draft object; `self.X = self.Y.model_runner`
+        (Y such an object) holds its model runner."""
+        while isinstance(value, (ast.IfExp, ast.BoolOp)):
+            value = value.body if isinstance(value, ast.IfExp) else value.values[0]
+        if isinstance(value, ast.Call) and any(
+            k.arg == self.draft_flag and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in value.keywords
+        ):
+            self.flagged[cls].add(attribute)
+            return
+        dotted = _dotted(value)
+        if dotted is not None and dotted.startswith("self."):
+            parts = dotted.split(".")
+            if len(parts) >= 3 and parts[1] in self.flagged.get(cls, ()):
+                self.drafts[cls].add(attribute)
 
     def value_types(self, value, scope: _Scope) -> tuple:
         """The type sources of what an expression evaluates to (empty: the code does not show it)."""
@@ -531,6 +605,12 @@ class _FactsBuilder:
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
+        owner = _enclosing_class(scope)
+        if owner is not None and dotted is not None:
+            if final in self.model_calls and dotted == f"self.{final}":
+                self.class_calls_seen.add(owner)
+            if trigger is None and dotted.startswith("self.") and final is not None and self.kv_methods.match(final):
+                self.pending[owner].append((scope.qualname, dotted, node.lineno, self.column(node), site))
         if trigger is not None:
             if trigger.kind == "forward":
                 scope.kv = True
@@ -539,15 +619,19 @@ class _FactsBuilder:
                 if isinstance(arg, (ast.Name, ast.Attribute)) and (t := self.call_target(arg, scope)) is not None
                 and (t[0] in ("def", "self", "global"))
             )
-            col = len(self.lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1 \
-                if node.lineno - 1 < len(self.lines) else node.col_offset + 1
             scope.triggers.append(TriggerCall(
-                dotted, trigger.kind, trigger.what, node.lineno, col, site,
+                dotted, trigger.kind, trigger.what, node.lineno, self.column(node), site,
                 None if trigger.kind == "forward" else target, passed,
             ))
         elif final is not None and not scope.kv and self.kv_methods.match(final):
             if self.takes_batch(node, scope):
                 scope.kv = True
+
+    def column(self, node) -> int:
+        """A node's 1-based column in characters."""
+        if node.lineno - 1 < len(self.lines):
+            return len(self.lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1
+        return node.col_offset + 1
 
     def takes_batch(self, node: ast.Call, scope: _Scope) -> bool:
         for keyword in node.keywords:

@@ -141,17 +141,28 @@ def _receiver_word(target: tuple) -> str | None:
 def exposed(graph: CallGraph) -> dict[DefKey, DefKey | None]:
     """Exposed functions, each mapped to the exposed caller it is first reached from (None: a root)."""
     via: dict[DefKey, DefKey | None] = {}
+    weak: dict[DefKey, int] = {}  # how many subclass-override hops the path to each takes (fewest first)
     queue: deque[DefKey] = deque()
     for key, fn in graph.defs.items():
         if fn.qualname == MODULE or not any(caller != key for caller, _ in graph.callers.get(key, ())):
             via[key] = None
+            weak[key] = 0
             queue.append(key)
+    done: set[DefKey] = set()
     while queue:
         key = queue.popleft()
+        if key in done:
+            continue
+        done.add(key)
         for target, edge in graph.callees.get(key, ()):
-            if edge.site is None and target not in via:
+            if edge.site is not None or target in done:
+                continue
+            hops = weak[key] + ((key, target) in graph.weak)
+            if target not in via or hops < weak[target]:
                 via[target] = key
-                queue.append(target)
+                weak[target] = hops
+                # A path through the receiver's own class goes first (a 0-1 breadth-first search).
+                queue.append(target) if hops > weak[key] else queue.appendleft(target)
     return via
 
 

@@ -249,6 +249,39 @@ def test_the_path_a_finding_shows_goes_through_the_caller_that_holds_the_class(t
            "MtpWorker.forward_batch_generation -> MtpDraftWorker.draft" in message
 
 
+def test_a_model_runner_s_own_model_forward_outside_its_site_is_reported(engine):
+    # An autotune dummy run: in the model runner (the class that calls its raw forward), `self.model`
+    # is the model runner's model, whatever the catalog's pattern (`*model_runner.model.forward`) spells.
+    autotune = ("\n    def autotune(self, forward_batch):\n"
+                "        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)\n")
+    engine.write({"pkg/srt/model_executor/model_runner.py": textwrap.dedent(MODEL_RUNNER) + autotune})
+    [(name, line, message)] = ci301(engine)
+    assert (name, line) == ("model_runner.py", 26)
+    assert "`self.model.forward(...)` in ModelRunner.autotune" in message
+
+
+def test_a_draft_runner_held_under_another_name_is_a_draft_forward(tree):
+    # An older EAGLE worker: its draft model runner is the model runner of the worker it builds with the
+    # draft flag, held as `draft_model_runner`; calling its forward directly runs the draft model.
+    tree.write({"pkg/srt/speculative/eagle_worker.py": """
+        from pkg.srt.managers.tp_worker import TpModelWorker
+
+
+        class EagleWorker:
+            def __init__(self, server_args):
+                self.draft_worker = TpModelWorker(server_args, is_draft_worker=True)
+                self.draft_model_runner = self.draft_worker.model_runner
+                self.target_model_runner = server_args.model_runner
+
+            def draft(self, forward_batch):
+                self.target_model_runner.forward(forward_batch)
+                return self.draft_model_runner.forward(forward_batch)
+    """})
+    [(name, line, message)] = ci301(tree)
+    assert (name, line) == ("eagle_worker.py", 12)
+    assert "model-runner forward `self.draft_model_runner.forward(...)` in EagleWorker.draft" in message
+
+
 def test_a_graph_runner_that_never_reaches_a_kv_reading_forward_is_not_reported(tree):
     tree.write({"pkg/srt/multimodal/vit_graph_runner.py": """
         import torch
