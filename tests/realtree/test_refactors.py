@@ -64,6 +64,8 @@ class Measured:
     missing: list[str] = field(default_factory=list)  # expected sites and hooks not wired / placed
     dangling: list[str] = field(default_factory=list)
     again: int = 0  # files a second `apply` would change
+    unreported: list[str] = field(default_factory=list)  # forwards a fork added that no CI301 names
+
 
     @property
     def complete(self) -> bool:
@@ -77,7 +79,7 @@ class Measured:
 
     @property
     def holds(self) -> bool:
-        return not self.dangling and (self.complete or self.loud)
+        return not self.dangling and not self.unreported and (self.complete or self.loud)
 
     def finding_codes(self) -> str:
         return ", ".join(f"{c}×{n}" for c, n in sorted(Counter(f.code for f in self.findings).items())) or "none"
@@ -87,7 +89,8 @@ class Measured:
             f"{self.release} {self.state} {self.refactor} ({self.note}): sites {self.sites}/{self.sites_expected}, "
             f"hooks {self.hooks}/{self.hooks_expected}, exit {self.exit_code}, findings {self.finding_codes()}",
             *(f"  missing: {m}" for m in self.missing), *(f"  extra hook: {h}" for h in self.hooks_extra),
-            *(f"  dangling: {d}" for d in self.dangling), *(f"  finding: {f}" for f in self.findings),
+            *(f"  dangling: {d}" for d in self.dangling), *(f"  unreported forward: {u}" for u in self.unreported),
+            *(f"  finding: {f}" for f in self.findings),
             *(f"  error: {e}" for e in self.errors), f"  second apply changes {self.again} files",
         ])
 
@@ -227,7 +230,29 @@ def _compare(version: str, state: str, refactor: str, done: Refactored, expected
     m.missing = [f"{want_sites[rel] - got_sites[rel]} site(s) in {rel}" for rel in sorted(want_sites)
                  if got_sites[rel] < want_sites[rel]]
     m.missing += [f"{c} in {r}:{f}" for r, c, f in sorted(want_hooks - got_hooks)]
+    # A forward a fork added outside every site: apply exits 1 with a CI301 at it. Lines are the
+    # refactored tree's; apply may move them (its edits to that file), so a finding's line is
+    # matched against where the forward's statement is after apply too.
+    reported = {(f.path.relative_to(root).as_posix(), f.line) for f in result.findings if f.code == "CI301"}
+    for rel, line in done.forwards:
+        text = _line_text(change_old(result, root, rel), line)
+        after = {number for number, found in enumerate((root / rel).read_text().splitlines(), 1) if found == text}
+        if result.exit_code != 1 or not ({(rel, line)} | {(rel, n) for n in after}) & reported:
+            m.unreported.append(f"{rel}:{line} {text.strip()}")
     return m
+
+
+def change_old(result, root: Path, rel: str) -> str:
+    """The file's text before apply changed it (as refactored)."""
+    for change in result.changes:
+        if change.path.relative_to(root).as_posix() == rel:
+            return change.old.decode("utf-8")
+    return (root / rel).read_text()
+
+
+def _line_text(text: str, line: int) -> str:
+    lines = text.splitlines()
+    return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
 # --------------------------------------------------------------------------- the trees
