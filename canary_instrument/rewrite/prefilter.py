@@ -187,7 +187,9 @@ class Prefilter:
         return any(path.match(posix) and classes.search(data) for path, classes in self._classes)
 
     def builds_draft(self, data: bytes) -> bool:
-        return self._draft_flag is not None and b"True" in data and self._draft_flag.search(data) is not None
+        """The file builds an object with the draft flag and calls a forward on an attribute of `self`."""
+        return (self._draft_flag is not None and b"True" in data and _SELF_FORWARD.search(data) is not None
+                and self._draft_flag.search(data) is not None)
 
     def has_trigger(self, data: bytes) -> bool:
         for (word, regex), leads in zip(self._triggers, self._leads):
@@ -197,6 +199,9 @@ class Prefilter:
                     if code_use(data, match.start(), match.end()):
                         return True
         return False
+
+
+_SELF_FORWARD = re.compile(rb"self\.\w+\.forward\w*\(")
 
 
 def _builds_attribute(data: bytes, name: bytes, assign: re.Pattern, local: re.Pattern) -> bool:
