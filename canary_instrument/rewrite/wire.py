@@ -269,10 +269,10 @@ def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
         placements.append(placement_of(parsed.path, parsed.analysis, catalog, parsed.position))
         return plan_apply(parsed, catalog, result)
 
-    # Read before anything is written: wiring a site does not move it, so the paths are the same after.
-    uncovered = uncovered_forwards(paths, catalog) if catalog.triggers else []
     result = run_transform(paths, catalog, plan, write=write)
     result.findings.extend(placement_findings(placements, catalog))
-    result.findings.extend(uncovered)
+    if catalog.triggers:
+        # Read after the writes (the lines `check` will report); with nothing written, the tree as it is.
+        result.findings.extend(uncovered_forwards(paths, catalog))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result

@@ -161,7 +161,7 @@ def test_apply_migrates_the_hand_written_wiring_and_revert_gives_the_placeholder
     assert site_codes(run.hand_after) == Counter()
     assert run.hand_again.changes == []  # `apply --check`: nothing left to change ...
     # ... and the same findings as `check` (the forward paths CI301 finds uncovered, as apply reports them)
-    assert run.hand_again.findings == run.hand_after.findings
+    assert run.hand_again.findings == run.hand_after.findings == run.hand_apply.findings
     assert {f.code for f in run.hand_again.findings} <= {"CI301"}
     assert run.hand_reverted == []  # byte for byte the independent placeholder state
 
