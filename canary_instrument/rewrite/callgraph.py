@@ -5,9 +5,10 @@ subclasses), a plain or imported function, a nested function, or a method of the
 receiver holds: what an annotation or a constructor call names, what a called function returns
 (its returned value, else its return annotation), an attribute of such an object (a class's own
 assignments first, then the annotations and constructor calls the tree gives that attribute name).
-Where that gives several classes, the receiver's name ranks them (`naming.receiver_fits`: the
-classes it fits, when any does); a name never decides alone: a receiver nothing types, or typed
-only with classes outside the tree (torch, the standard library), reaches nothing.
+A class so given reaches its own (or inherited) method and its subclasses' overrides; the receiver's
+name ranks the overrides (`naming.receiver_fits`: those of the classes it fits, when any does). A name
+never decides alone: a receiver nothing types, or typed only with classes outside the tree (torch, the
+standard library), reaches nothing.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 `reach_facts` reduces one parsed file to plain data: its classes (bases, attribute types), its
 functions (the calls and function references each makes, and which of them sit inside a catalogued
 site) and the catalog's trigger calls among them. `uncovered_findings` joins the facts of every
-analysed file into one call graph, following calls by name between files, and reports each trigger
-that some path reaches outside every catalogued site.
+analysed file into one call graph, following calls between files through what the code shows, and
+reports each trigger that some path reaches outside every catalogued site.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 #                            (`runners`) or is None
 # What a receiver holds comes from what the code shows (type sources, below): annotations,
 # constructor calls, what a called function returns, an attribute of a typed object. A receiver's name
-# only ranks the classes those give (naming.receiver_fits); one nothing types reaches nothing.
+# only ranks a base class's overrides (naming.receiver_fits); one nothing types reaches nothing.
 #
 # Type sources (what a local, an attribute or a function's result holds):
 #   ("q", qualified)         an instance of the class so named (annotation, constructor call)
