@@ -353,3 +353,26 @@ def test_extract_method_and_inline_super_init_keep_the_file_parseable(tmp_path):
     assert "super()" not in text and "        return self._run_body(batch, *rest, flag=flag, **extra)\n" in text
     with pytest.raises(RefactorError):
         extract_method(tmp_path, ["Worker"], ["run"], "_run_body")  # the name is taken now
+
+
+def test_fork_transformations_add_forwards_outside_every_site_and_say_where(tmp_path):
+    (tmp_path / "eagle_worker_v2.py").write_text(
+        "class EagleDraftWorker:\n"
+        "    def __init__(self, worker):\n"
+        "        self.draft_worker = worker\n"
+        "        self.draft_runner = self.draft_worker.model_runner\n\n"
+        "    def draft(self, batch):\n        return batch\n"
+    )
+    (tmp_path / "model_runner.py").write_text("class ModelRunner:\n    def forward(self, batch):\n        return batch\n")
+    done = [REFACTORS[name][1](tmp_path) for name in ("fork-legacy-draft", "fork-multi-layer-draft",
+                                                      "fork-autotune-forward")]
+    worker = (tmp_path / "eagle_worker_v2.py").read_text()
+    runner = (tmp_path / "model_runner.py").read_text()
+    ast.parse(worker), ast.parse(runner)
+    assert "        self.draft_model_runner = self.draft_worker.model_runner\n" in worker
+    assert "class MultiLayerEagleDrafter(EagleDraftWorker):" in worker
+    found = [(rel, (tmp_path / rel).read_text().splitlines()[line - 1].strip()) for d in done for rel, line in d.forwards]
+    assert [rel for rel, _ in found] == ["eagle_worker_v2.py", "eagle_worker_v2.py", "model_runner.py"]
+    assert found[0][1] == "return self.draft_model_runner.forward(forward_batch)"
+    assert found[1][1] == "outputs.append(self.draft_runner.forward(forward_batch))"
+    assert found[2][1].startswith("return self.model.forward(")
