@@ -1,11 +1,14 @@
-"""Join the reach facts of many files into one call graph: calls resolved by name between files.
+"""Join the reach facts of many files into one call graph: calls resolved between files by what the code shows.
 
-Resolution is by name and cheap on purpose: a method on `self` (the class, its bases in the tree,
-and overrides in its subclasses), on an attribute or variable whose class an annotation or a
-constructor names somewhere in the tree, a plain or imported function, a nested function. A call
-whose receiver nothing types goes to every method of that name in a class the receiver's name fits
-(`naming.receiver_fits`; every such method, when the receiver has no name); one whose receiver is
-typed with a class outside the tree (torch, the standard library) goes nowhere.
+A call goes to a method on `self` (the class, its bases in the tree, and overrides in its
+subclasses), a plain or imported function, a nested function, or a method of the classes its
+receiver holds: what an annotation or a constructor call names, what a called function returns
+(its returned value, else its return annotation), an attribute of such an object (a class's own
+assignments first, then the annotations and constructor calls the tree gives that attribute name).
+A class so given reaches its own (or inherited) method and its subclasses' overrides; the receiver's
+name ranks the overrides (`naming.receiver_fits`: those of the classes it fits, when any does). A name
+never decides alone: a receiver nothing types, or typed only with classes outside the tree (torch, the
+standard library), reaches nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ class CallGraph:
         # Folder names of the analysed files: a qualified name through one (`sglang.srt.`) is of this
         # tree even when its file was not analysed; one through none (`torch.`, `typing.`) is outside it.
         self.packages = {part for parts in self.modules for part in parts[:-1]}
-        self.missing: set[str] | None = None  # when a set: unanalysed classes whose calls naming resolved
-        self._unanalysed: list[str] = []
+        self.missing: set[str] | None = None  # when a set: unanalysed classes of the tree that typed a receiver
+        self.bases_wanted = False  # with `missing`: also the unanalysed bases of a class whose attribute is unknown
         for index, (_, facts) in enumerate(files):
             for cls in facts.classes:
                 key = (index, cls.qualname)
@@ -59,6 +62,7 @@ class CallGraph:
         self._descendants: dict[ClassKey, list[ClassKey]] = {}
         self._method: dict[tuple, list[DefKey]] = {}
         self._resolved: dict[tuple, list[DefKey]] = {}
+        self._active: set[tuple] = set()  # resolutions under way (what a receiver holds may lead back to them)
         self._bases: dict[ClassKey, list[ClassKey]] = {}
         self._owners: dict[DefKey, ClassKey | None] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
@@ -69,13 +73,20 @@ class CallGraph:
                 self.subclasses[base].append(key)
         self.callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
         self.callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
+        # (caller, callee) pairs where the callee is only a subclass's override of the method the
+        # receiver's class has: real calls, but a path shown in a finding goes another way if it can.
+        self.weak: set[tuple[DefKey, DefKey]] = set()
         for key, fn in self.defs.items():
             out = []
             for edge in fn.edges:
-                for target in self.resolve(key, edge.target, edge.call):
+                targets = self.resolve(key, edge.target, edge.call)
+                weak = getattr(targets, "overrides", None)
+                for target in targets:
                     if target != key:
                         out.append((target, edge))
                         self.callers[target].append((key, edge))
+                        if weak and target in weak:
+                            self.weak.add((key, target))
             self.callees[key] = out
 
     # -- symbols -------------------------------------------------------------------------------------
@@ -175,47 +186,110 @@ class CallGraph:
         self._owners[key] = owner
         return owner
 
-    def attribute_types(self, cls: ClassKey | None, attribute: str) -> list[str]:
-        """Qualified classes attribute `attribute` holds: the class's own record, else the tree's."""
+    def attribute_types(self, cls: ClassKey | None, attribute: str) -> list:
+        """What attribute `attribute` holds (qualified class names, or type sources of the class that
+        assigns it): the class's own record (its bases included), else what a property of that name
+        returns, else the annotations and constructor calls the tree gives the attribute name."""
         if cls is not None:
             for owner in self.mro(cls):
                 facts = self.classes[owner]
                 for name, types in facts.attrs:
                     if name == attribute:
-                        return list(types)
+                        return [t if isinstance(t, str) or t[0] == "q" else (*t, owner) for t in types]
+            for key in self.method(cls, attribute, overrides=False):
+                fn = self.defs[key]
+                if fn.returned or fn.returns:
+                    return [("returns", key, cls)]
+            if self.missing is not None and self.bases_wanted:
+                # A base not analysed may assign it or define it as a property: its definition is wanted.
+                for owner in self.mro(cls):
+                    for base in self.classes[owner].bases:
+                        self._qualified(base, True)
         return sorted(self.names.get(attribute, ()))
 
-    def instances(self, types, name: str, cls: ClassKey | None) -> list[DefKey] | None:
-        """Methods `name` of the objects the type sources describe; None when they say nothing useful
-        (naming decides), [] when they name only classes outside the tree (torch, typing, ...)."""
-        qualified = []
-        for source in types:
-            if isinstance(source, tuple):
-                if source[0] == "q":
-                    qualified.append(source[1])
-                elif source[0] == "attr":
-                    qualified.extend(self.attribute_types(cls, source[1]))
-            else:
-                qualified.append(source)
-        classes: list[ClassKey] = []
-        unknown = not qualified
-        for q in qualified:
-            found = self.classes_of(q)
-            classes.extend(found)
-            if not found and not self.packages.isdisjoint(q.split(".")[:-1]):
-                unknown = True  # a class of this tree whose file was not analysed
-                self._unanalysed.append(q.rpartition(".")[2])
-        return self.methods_of(classes, name, unknown)
+    def classes_held(self, sources, cls: ClassKey | None, index: int | None, depth: int = 0,
+                     fields: bool = False) -> list[ClassKey]:
+        """The tree's classes whose instances the type sources describe (`reach` lists the kinds);
+        `cls` is the class `self` is, `index` the file the sources were read in; `fields`: what is
+        asked is an attribute of theirs (their definition is then wanted, `missing`)."""
+        out: list[ClassKey] = []
+        if depth > 6:
+            return out  # a cycle of returns or attributes: what the code shows ends there
+        for source in sources:
+            if isinstance(source, str):
+                out.extend(self._qualified(source, fields))
+                continue
+            kind = source[0]
+            if kind == "q":
+                out.extend(self._qualified(source[1], fields))
+            elif kind == "attr":
+                out.extend(self.classes_held(self.attribute_types(cls, source[1]), cls, index, depth + 1, fields))
+            elif kind == "call":
+                # Recorded with its owner class (`attribute_types`): read in that class's file.
+                where = (source[3][0] if len(source) > 3 else index, source[2])
+                if where[0] is not None and where in self.defs:
+                    out.extend(self.returned_classes(self.resolve(where, source[1]), source[1], depth + 1, fields))
+            elif kind == "get":
+                inner_index = source[3][0] if len(source) > 3 else index
+                for held in self.classes_held(source[1], cls, inner_index, depth + 1, True):
+                    out.extend(self.classes_held(self.attribute_types(held, source[2]), held, held[0], depth + 1,
+                                                 fields))
+            elif kind == "returns":
+                out.extend(self._returns_of(source[1], source[2], depth + 1, fields))
+        return list(dict.fromkeys(out))
 
-    def methods_of(self, classes: list[ClassKey], name: str, unknown: bool) -> list[DefKey] | None:
-        """`name` on instances of `classes`; None (naming decides) when they are not known or none of
-        them has the method (an annotation wider than the object)."""
-        found = []
+    def returned_classes(self, callees: list[DefKey], target: tuple, depth: int = 0,
+                         fields: bool = False) -> list[ClassKey]:
+        """The classes of what calls of `callees` return: a constructor's class, else the function's
+        returned value or return annotation."""
+        out: list[ClassKey] = []
+        for key in callees:
+            fn = self.defs[key]
+            if fn.cls is not None and fn.qualname.rpartition(".")[2] == "__init__" and target[0] == "global":
+                out.append((key[0], fn.cls))  # Foo(...): a Foo
+            else:
+                out.extend(self._returns_of(key, self.self_class(key), depth, fields))
+        return out
+
+    def _returns_of(self, key: DefKey, cls: ClassKey | None, depth: int, fields: bool = False) -> list[ClassKey]:
+        fn = self.defs[key]
+        found = self.classes_held(fn.returned, cls, key[0], depth + 1, fields) if fn.returned else []
+        return found or self.classes_held(fn.returns, cls, key[0], depth + 1, fields)
+
+    def _qualified(self, qualified: str, fields: bool) -> list[ClassKey]:
+        found = self.classes_of(qualified)
+        if not found and fields and self.missing is not None and not self.packages.isdisjoint(qualified.split(".")[:-1]):
+            self.missing.add(qualified.rpartition(".")[2])  # a class of this tree whose file was not analysed
+        return found
+
+    def instances(self, types, name: str, cls: ClassKey | None, caller: DefKey | None = None,
+                  word: str | None = None) -> list[DefKey]:
+        """Methods `name` of the objects the type sources describe, ranked by the receiver's name
+        `word`: the classes it fits when any does, else all of them. None of the tree's: nothing."""
+        return self.methods_of(self.classes_held(types, cls, caller[0] if caller is not None else None), name, word)
+
+    def methods_of(self, classes: list[ClassKey], name: str, word: str | None = None) -> list[DefKey]:
+        """`name` on instances of `classes`: each class's own (or inherited) method, and the overrides in
+        their subclasses, of which the receiver's name `word` keeps those of the classes it fits (all
+        of them when it fits none): a class the code names is never dropped for its name."""
+        found: list[DefKey] = []
+        overrides: list[DefKey] = []
         for key in classes:
-            found.extend(self.method(key, name))
-        if found:
-            return found
-        return None if unknown or classes else []
+            for method in self.method(key, name, overrides=False):
+                if method not in found:
+                    found.append(method)
+        for key in classes:
+            for method in self.method(key, name)[1:] if self.method(key, name, overrides=False) else self.method(key, name):
+                if method not in found and method not in overrides:
+                    overrides.append(method)
+        if word is not None and len(overrides) > 1:
+            fitting = [key for key in overrides if receiver_fits(word, self.defs[key].cls.rpartition(".")[2])]
+            overrides = fitting or overrides
+        if not overrides or not found:
+            return found + overrides
+        resolved = _Resolved(found + overrides)
+        resolved.overrides = frozenset(overrides)  # a subclass's override: a call that may not run there
+        return resolved
 
     # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
@@ -230,12 +304,17 @@ class CallGraph:
             cached = self._resolved.get(memo)
             if cached is not None:
                 return cached
-        found = self._resolve(caller, target, call)
+        if memo in self._active:
+            return []  # a call whose receiver is what this very call returns: the code shows no more
+        self._active.add(memo)
+        try:
+            found = self._resolve(caller, target, call)
+        finally:
+            self._active.discard(memo)
         self._resolved[memo] = found
         return found
 
     def _resolve(self, caller: DefKey, target: tuple, call: bool) -> list[DefKey]:
-        self._unanalysed = []
         kind = target[0]
         index = caller[0]
         if kind == "self":
@@ -269,35 +348,19 @@ class CallGraph:
         if kind == "attr":
             _, word, name, on_self = target
             cls = self.self_class(caller) if on_self else None
-            found = self.instances(self.attribute_types(cls, word), name, cls)
+            found = self.instances(self.attribute_types(cls, word), name, cls, caller, word)
         elif kind == "var":
             _, word, name = target
-            found = self.instances(sorted(self.names.get(word, ())), name, None)
+            found = self.instances(sorted(self.names.get(word, ())), name, None, caller, word)
         elif kind == "typed":
-            return self.instances(target[1], target[2], self.self_class(caller)) or []
+            found = self.instances(target[1], target[2], self.self_class(caller), caller)
         elif kind == "ret":
             _, inner, name, word = target
-            found = None
-            for key in self.resolve(caller, inner) if inner is not None else ():
-                fn = self.defs[key]
-                if inner[0] == "global" and fn.qualname.rpartition(".")[2] == "__init__" and fn.cls is not None:
-                    got = self.methods_of([(key[0], fn.cls)], name, True)  # Foo(...).m(): a Foo
-                else:
-                    got = self.instances(fn.returns, name, self.self_class(key)) if fn.returns else None
-                if got is not None:
-                    found = (found or []) + got
-        else:  # "name"
-            _, name, word = target
-            found = None
-        if found is not None:
-            return found
-        by_naming = [
-            key for key in self.methods_by_name.get(name, ())
-            if receiver_fits(word, self.defs[key].cls.rpartition(".")[2])
-        ]
-        if by_naming and self.missing is not None:
-            self.missing.update(self._unanalysed)  # its class would say which one it really is
-        return by_naming
+            callees = self.resolve(caller, inner) if inner is not None else []
+            found = self.methods_of(self.returned_classes(callees, inner), name, word)
+        else:  # "name": `self.runners[i].m()`, nothing shows what the element is
+            found = []
+        return found
 
     def describe(self, key: DefKey) -> str:
         """`Class.method`, `module.function`, `Class.method.inner` for a nested function."""
@@ -308,6 +371,12 @@ class CallGraph:
             module = self.files[key[0]][1].module.rpartition(".")[2]
             name = f"{module}.{name}" if module else name
         return name
+
+
+class _Resolved(list):
+    """Methods a call may run, with those that are only subclasses' overrides marked."""
+
+    overrides: frozenset = frozenset()
 
 
 # Target kinds whose resolution does not depend on the calling function (see `_resolve`).

@@ -50,6 +50,16 @@ class FileReport:
 
 def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
     """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
+    return _check_tree(paths, catalog, cache)
+
+
+def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
+    """CI301's findings on the tree under `paths`, as `check` reports them (what `apply` reports too)."""
+    result = check_tree(paths, catalog)
+    return [f for f in result.findings if f.code == codes.UNCOVERED_FORWARD]
+
+
+def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
     result = RunResult()
     scan = _Scan(catalog, result, cache)
     files = []

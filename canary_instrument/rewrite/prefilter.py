@@ -92,6 +92,10 @@ class Prefilter:
             regexes.append(fnmatch.translate(pattern))
             regexes.append(fnmatch.translate("*/" + pattern))
         self._path = re.compile("|".join(regexes)) if regexes else None
+        # An object built with the draft flag (`is_draft_worker=True`): its model runner's forward is a
+        # draft forward under any attribute name (reach: `respell`), so the file joins the call graph.
+        flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)), None)
+        self._draft_flag = re.compile(rb"\b" + flag.encode() + rb"\s*=\s*True\b") if flag else None
         # Placeholder names not caught by the canary-named pattern (a catalog may name its own).
         self._placeholders = sorted(
             name.encode() for name in catalog.placeholder_names | {catalog.member} if not _STRAY.fullmatch(name.encode())
@@ -167,7 +171,7 @@ class Prefilter:
                 return flags | SITES | REACH
         if located and self.holds_candidate_class(posix, data):
             return flags | SITES | REACH
-        reach = REACH if self.has_trigger(data) else 0
+        reach = REACH if self.has_trigger(data) or self.builds_draft(data) else 0
         if self.holds_holder_place(data):
             return flags | SITES | reach
         return flags | reach
@@ -182,6 +186,11 @@ class Prefilter:
         """A candidate class statement, or a module-level function named like a candidate method."""
         return any(path.match(posix) and classes.search(data) for path, classes in self._classes)
 
+    def builds_draft(self, data: bytes) -> bool:
+        """The file builds an object with the draft flag and calls a forward on an attribute of `self`."""
+        return (self._draft_flag is not None and b"True" in data and _SELF_FORWARD.search(data) is not None
+                and self._draft_flag.search(data) is not None)
+
     def has_trigger(self, data: bytes) -> bool:
         for (word, regex), leads in zip(self._triggers, self._leads):
             if word in data:
@@ -190,6 +199,9 @@ class Prefilter:
                     if code_use(data, match.start(), match.end()):
                         return True
         return False
+
+
+_SELF_FORWARD = re.compile(rb"self\.\w+\.forward\w*\(")
 
 
 def _builds_attribute(data: bytes, name: bytes, assign: re.Pattern, local: re.Pattern) -> bool:

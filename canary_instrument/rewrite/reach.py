@@ -3,8 +3,8 @@
 `reach_facts` reduces one parsed file to plain data: its classes (bases, attribute types), its
 functions (the calls and function references each makes, and which of them sit inside a catalogued
 site) and the catalog's trigger calls among them. `uncovered_findings` joins the facts of every
-analysed file into one call graph, following calls by name between files, and reports each trigger
-that some path reaches outside every catalogued site.
+analysed file into one call graph, following calls between files through what the code shows, and
+reports each trigger that some path reaches outside every catalogued site.
 """
 
 from __future__ import annotations
@@ -35,8 +35,15 @@ _BRACKET = re.compile(r"canary\w*_ctx\Z")
 #                            or the class it constructs)
 #   ("name", m, word)        .m(...) on anything else (`self.runners[i].m`); `word` names the receiver
 #                            (`runners`) or is None
-# An untyped receiver (attr, var, name) may be any class of the tree whose name its name fits
-# (naming.receiver_fits): `self.cuda_graph_runner.execute` reaches the runners' `execute` methods.
+# What a receiver holds comes from what the code shows (type sources, below): annotations,
+# constructor calls, what a called function returns, an attribute of a typed object. A receiver's name
+# only ranks a base class's overrides (naming.receiver_fits); one nothing types reaches nothing.
+#
+# Type sources (what a local, an attribute or a function's result holds):
+#   ("q", qualified)         an instance of the class so named (annotation, constructor call)
+#   ("attr", a)              what `self.a` holds, in the class of the function asking
+#   ("call", t, scope)       what the call of target t returns, t resolved from function `scope`
+#   ("get", sources, a)      attribute `a` of what `sources` hold (`capture.decode.runner`)
 
 
 def _pickled_as_call(cls):
@@ -78,6 +85,7 @@ class DefFacts(NamedTuple):
     triggers: tuple[TriggerCall, ...]
     kv: bool  # makes a KV-reading forward call by shape (catalog `kv_forward`)
     returns: tuple[tuple, ...] = ()  # what it returns: its annotation's classes, or `return self.a[...]`/`Foo(...)`
+    returned: tuple[tuple, ...] = ()  # what its first `return` hands back, as type sources (preferred when they resolve)
 
 
 @_pickled_as_call
@@ -85,7 +93,7 @@ class ClassFacts(NamedTuple):
     qualname: str
     line: int
     bases: tuple[str, ...]  # qualified names
-    attrs: tuple[tuple[str, tuple[str, ...]], ...]  # attribute -> qualified class names it holds
+    attrs: tuple[tuple[str, tuple], ...]  # attribute -> qualified class names it holds, or type sources
 
 
 @_pickled_as_call
@@ -129,7 +137,7 @@ class _Scope:
     """A function being reduced to facts."""
 
     __slots__ = ("qualname", "cls", "line", "edges", "triggers", "kv", "types", "aliases", "nested", "refs",
-                 "batches", "parent", "returns")
+                 "batches", "parent", "returns", "returned")
 
     def __init__(self, qualname, cls, line, parent):
         self.qualname = qualname
@@ -145,6 +153,7 @@ class _Scope:
         self.refs: dict = {}  # (name, site) -> line of a name read that may be a function reference
         self.batches: set[str] = set()
         self.returns: tuple = ()
+        self.returned: tuple | None = None
 
 
 class _FactsBuilder:
@@ -163,6 +172,23 @@ class _FactsBuilder:
         self.class_attrs: dict[str, dict[str, set[str]]] = {}
         self.names: dict[str, set[str]] = defaultdict(set)
         self.defs: list[DefFacts] = []
+        # Trigger calls a class spells its own way (`self.model.forward` in the model runner, the draft
+        # runner under another attribute), decided once the class's body is read (`respell`).
+        self.model_calls = tuple(catalog.model_runner.class_calls)
+        self.draft_flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)),
+                               None)
+        # The owners of the managers a draft runner's sites use: unguarded, held in an attribute that is
+        # not named like the target's model runner (`self.draft_runner`).
+        self.draft_owners = tuple(sorted({
+            owner for m in catalog.managers.values()
+            if m.guard is None and (owner := m.expression.rpartition(".")[0]).count(".") == 1
+            and owner.startswith("self.")
+            and not any(fnmatch.fnmatchcase(owner[5:], p) for p in catalog.model_runner.names)
+        }))
+        self.pending: dict[str, list[tuple[str, str, int, int, str | None]]] = defaultdict(list)
+        self.class_calls_seen: set[str] = set()  # classes that call the model runner's raw forward
+        self.flagged: dict[str, set[str]] = defaultdict(set)  # class -> attributes built with the draft flag
+        self.drafts: dict[str, set[str]] = defaultdict(set)  # class -> attributes holding a draft model runner
 
     # -- names -------------------------------------------------------------------------------------
     def qualify(self, dotted: str) -> str:
@@ -308,11 +334,11 @@ class _FactsBuilder:
                     continue
                 elif special is _WITH:
                     self.bracket(node)
-                elif special is _RETURN and node.value is not None and not scope.returns:
+                elif special is _RETURN and node.value is not None and scope.returned is None:
                     value = node.value
                     while isinstance(value, ast.Subscript):
                         value = value.value  # `return self.runners[step]`: an element of what `runners` holds
-                    scope.returns = self.value_types(value, scope)
+                    scope.returned = self.value_types(value, scope)
             elif node is None:
                 continue  # a dict display's `**mapping` key
             # Children pushed last field first, each list backwards, so that they pop in source order.
@@ -374,10 +400,48 @@ class _FactsBuilder:
         bases = tuple(self.qualify(d) for b in node.bases if (d := _dotted(b)) is not None)
         self.class_attrs[qualname] = defaultdict(set)
         self.walk_block(node.body, scope, qualname)
+        self.respell(qualname)
         attrs = self.class_attrs.pop(qualname)
         self.classes.append(ClassFacts(
-            qualname, node.lineno, bases, tuple((a, tuple(sorted(t))) for a, t in sorted(attrs.items()))
+            qualname, node.lineno, bases, tuple((a, tuple(sorted(t, key=repr))) for a, t in sorted(attrs.items()))
         ))
+
+    def respell(self, cls: str) -> None:
+        """Make triggers of the `self....forward(...)` calls of class `cls` that the catalog's patterns name
+        under another spelling: in a model runner (a class calling its raw forward) `self` is the model
+        runner (`self.model.forward` is `model_runner.model.forward`); an attribute the class assigns a
+        model runner taken from an object built with the draft flag (`self.draft_worker.model_runner`,
+        `is_draft_worker=True`) is the draft runner the catalog's managers name (`self.draft_runner`)."""
+        pending = self.pending.pop(cls, None)
+        if not pending:
+            return
+        spellings = {}
+        if cls in self.class_calls_seen:
+            spellings["self"] = "model_runner"
+        drafts = self.drafts.pop(cls, set()) | self.flagged.pop(cls, set())
+        for attribute in drafts:
+            for owner in self.draft_owners:
+                spellings.setdefault(f"self.{attribute}", owner)
+        if not spellings:
+            return
+        found: dict[str, list[TriggerCall]] = defaultdict(list)
+        for qualname, dotted, line, col, site in pending:
+            head, _, rest = dotted.rpartition(".")
+            for spelled, catalog_name in spellings.items():
+                if head == spelled or head.startswith(spelled + "."):
+                    name = catalog_name + head[len(spelled):] + "." + rest
+                    match = self.triggers[0].match(name)
+                    if match is not None:
+                        trigger = self.triggers[1][match.lastgroup]
+                        if trigger.kind == "forward":
+                            found[qualname].append(TriggerCall(dotted, "forward", trigger.what, line, col, site,
+                                                               None, ()))
+                        break
+        if found:
+            for index, fn in enumerate(self.defs):
+                extra = found.get(fn.qualname)
+                if extra:
+                    self.defs[index] = fn._replace(triggers=fn.triggers + tuple(extra), kv=True)
 
     def finish(self, scope: _Scope) -> None:
         edges = scope.edges
@@ -388,6 +452,7 @@ class _FactsBuilder:
         edges = list(edges.values())
         self.defs.append(DefFacts(
             scope.qualname, scope.cls, scope.line, tuple(edges), tuple(scope.triggers), scope.kv, scope.returns,
+            scope.returned or (),
         ))
 
     # -- statements and calls -------------------------------------------------------------------------
@@ -419,25 +484,59 @@ class _FactsBuilder:
                 self.walk(target.value, scope, cls)
                 if isinstance(target.value, ast.Name) and target.value.id == "self":
                     owner = scope.cls or _enclosing_class(scope)
-                    qualified = tuple(t for kind, t in sources if kind == "q")
-                    if owner is not None and qualified:
-                        self.class_attrs.setdefault(owner, defaultdict(set))[target.attr].update(qualified)
+                    if owner is not None and value is not None and self.draft_flag is not None:
+                        self.note_draft(owner, target.attr, value)
+                    qualified = tuple(s[1] for s in sources if s[0] == "q")
+                    if owner is not None and sources:
+                        # Qualified classes as names; what a call returns or a chain holds as its source.
+                        self.class_attrs.setdefault(owner, defaultdict(set))[target.attr].update(
+                            s[1] if s[0] == "q" else s for s in sources)
                     if qualified:
                         self.names[target.attr].update(qualified)
             else:
                 self.walk(target, scope, cls)
 
+    def note_draft(self, cls: str, attribute: str, value) -> None:
+        """`self.X = Y(..., is_draft_worker=True)` builds a draft object; `self.X = self.Y.model_runner`
+        (Y such an object) holds its model runner."""
+        while isinstance(value, (ast.IfExp, ast.BoolOp)):
+            value = value.body if isinstance(value, ast.IfExp) else value.values[0]
+        if isinstance(value, ast.Call) and any(
+            k.arg == self.draft_flag and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in value.keywords
+        ):
+            self.flagged[cls].add(attribute)
+            return
+        dotted = _dotted(value)
+        if dotted is not None and dotted.startswith("self."):
+            parts = dotted.split(".")
+            if len(parts) >= 3 and parts[1] in self.flagged.get(cls, ()):
+                self.drafts[cls].add(attribute)
+
     def value_types(self, value, scope: _Scope) -> tuple:
-        if isinstance(value, ast.Call):
+        """The type sources of what an expression evaluates to (empty: the code does not show it)."""
+        kind = type(value)
+        if kind is ast.Call:
             dotted = _dotted(value.func)
             if dotted is not None and dotted.rpartition(".")[2][:1].isupper():
                 head = dotted.partition(".")[0]
                 if head not in scope.types and head != "self":
                     return (("q", self.qualify(dotted)),)
-        elif isinstance(value, ast.Name):
-            return scope.types.get(value.id, ())
-        elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
-            return (("attr", value.attr),)
+            target = self.call_target(value.func, scope)
+            return (("call", target, scope.qualname),) if target is not None else ()
+        if kind is ast.Name:
+            return _lookup(scope, "types", value.id) or ()
+        if kind is ast.Attribute:
+            if isinstance(value.value, ast.Name) and value.value.id == "self":
+                return (("attr", value.attr),)
+            inner = self.value_types(value.value, scope)
+            return (("get", inner, value.attr),) if inner else ()
+        if kind is ast.IfExp:
+            return self.value_types(value.body, scope) + self.value_types(value.orelse, scope)
+        if kind is ast.BoolOp:
+            return tuple(s for v in value.values for s in self.value_types(v, scope))
+        if kind is ast.NamedExpr:
+            return self.value_types(value.value, scope)
         return ()
 
     def name_target(self, name: str, scope: _Scope) -> tuple | None:
@@ -506,6 +605,12 @@ class _FactsBuilder:
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
+        owner = _enclosing_class(scope)
+        if owner is not None and dotted is not None:
+            if final in self.model_calls and dotted == f"self.{final}":
+                self.class_calls_seen.add(owner)
+            if trigger is None and dotted.startswith("self.") and final is not None and self.kv_methods.match(final):
+                self.pending[owner].append((scope.qualname, dotted, node.lineno, self.column(node), site))
         if trigger is not None:
             if trigger.kind == "forward":
                 scope.kv = True
@@ -514,15 +619,19 @@ class _FactsBuilder:
                 if isinstance(arg, (ast.Name, ast.Attribute)) and (t := self.call_target(arg, scope)) is not None
                 and (t[0] in ("def", "self", "global"))
             )
-            col = len(self.lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1 \
-                if node.lineno - 1 < len(self.lines) else node.col_offset + 1
             scope.triggers.append(TriggerCall(
-                dotted, trigger.kind, trigger.what, node.lineno, col, site,
+                dotted, trigger.kind, trigger.what, node.lineno, self.column(node), site,
                 None if trigger.kind == "forward" else target, passed,
             ))
         elif final is not None and not scope.kv and self.kv_methods.match(final):
             if self.takes_batch(node, scope):
                 scope.kv = True
+
+    def column(self, node) -> int:
+        """A node's 1-based column in characters."""
+        if node.lineno - 1 < len(self.lines):
+            return len(self.lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1
+        return node.col_offset + 1
 
     def takes_batch(self, node: ast.Call, scope: _Scope) -> bool:
         for keyword in node.keywords:

@@ -10,12 +10,13 @@ a graph capture or replay only when what it captures or replays reaches a KV-rea
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.callgraph import CallGraph, DefKey
 from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
+from canary_instrument.rewrite.naming import receiver_fits
 from canary_instrument.rewrite.reach import MODULE, ReachFacts, TriggerCall
 
 _CHAIN = 4  # functions of the path shown in a finding
@@ -76,6 +77,21 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     for key in depth:
         for edge in graph.defs[key].edges:
             graph.resolve(key, edge.target, edge.call)
+    # A call of a method of that name elsewhere may reach it once the classes typing its receiver are
+    # known (a base's property, a field's class): their definitions are searched for where the
+    # receiver's name fits the method's class (the name only picks what is worth a search).
+    owners: dict[str, set[str]] = defaultdict(set)
+    for key in depth:
+        fn = graph.defs[key]
+        if fn.cls is not None:
+            owners[fn.qualname.rpartition(".")[2]].add(fn.cls.rpartition(".")[2])
+    graph.bases_wanted = True
+    for key, fn in graph.defs.items():
+        for edge in fn.edges:
+            classes = owners.get(_method_name(edge.target))
+            if classes and any(receiver_fits(_receiver_word(edge.target), c) for c in classes):
+                graph.resolve(key, edge.target, edge.call)
+    graph.bases_wanted = False
     wanted.update(("define", name) for name in graph.missing)
     graph.missing = None
     for key, hops in depth.items():
@@ -101,20 +117,52 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     return wanted
 
 
+def _method_name(target: tuple) -> str | None:
+    """The method a call target names (`reach`'s target kinds), None for a qualified name or nested function."""
+    kind = target[0]
+    if kind in ("self", "super", "name"):
+        return target[1]
+    if kind in ("attr", "var", "typed", "ret"):
+        return target[2]
+    return None
+
+
+def _receiver_word(target: tuple) -> str | None:
+    kind = target[0]
+    if kind in ("attr", "var"):
+        return target[1]
+    if kind == "ret":
+        return target[3]
+    if kind == "name":
+        return target[2]
+    return None
+
+
 def exposed(graph: CallGraph) -> dict[DefKey, DefKey | None]:
     """Exposed functions, each mapped to the exposed caller it is first reached from (None: a root)."""
     via: dict[DefKey, DefKey | None] = {}
+    weak: dict[DefKey, int] = {}  # how many subclass-override hops the path to each takes (fewest first)
     queue: deque[DefKey] = deque()
     for key, fn in graph.defs.items():
         if fn.qualname == MODULE or not any(caller != key for caller, _ in graph.callers.get(key, ())):
             via[key] = None
+            weak[key] = 0
             queue.append(key)
+    done: set[DefKey] = set()
     while queue:
         key = queue.popleft()
+        if key in done:
+            continue
+        done.add(key)
         for target, edge in graph.callees.get(key, ()):
-            if edge.site is None and target not in via:
+            if edge.site is not None or target in done:
+                continue
+            hops = weak[key] + ((key, target) in graph.weak)
+            if target not in via or hops < weak[target]:
                 via[target] = key
-                queue.append(target)
+                weak[target] = hops
+                # A path through the receiver's own class goes first (a 0-1 breadth-first search).
+                queue.append(target) if hops > weak[key] else queue.appendleft(target)
     return via
 
 

@@ -13,6 +13,7 @@ import builtins
 from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
+from canary_instrument.rewrite.check import uncovered_forwards
 from canary_instrument.rewrite.findings import (
     AMBIGUOUS_ROLE,
     MISSING_PLACEHOLDER,
@@ -260,7 +261,8 @@ def own_packages(path) -> frozenset[str]:
 
 def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
     """Wire every placeholder site (and migrate hand-written wiring), add the generated members, hooks and imports;
-    report (exit 1) each role the tree expects and each hook its wiring needs that no file has a place for."""
+    report (exit 1) each role the tree expects and each hook its wiring needs that no file has a place for,
+    and each forward path that runs outside every site (CI301, as `check` finds it)."""
     placements: list[Placement] = []
 
     def plan(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:
@@ -269,5 +271,8 @@ def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
 
     result = run_transform(paths, catalog, plan, write=write)
     result.findings.extend(placement_findings(placements, catalog))
+    if catalog.triggers:
+        # Read after the writes (the lines `check` will report); with nothing written, the tree as it is.
+        result.findings.extend(uncovered_forwards(paths, catalog))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     return result

@@ -44,7 +44,7 @@ def row(task: tuple[str, str, str]) -> tuple[str, dict]:
     elif not known and not m.holds:
         verdict += " (no xfail entry)"
     codes = m.finding_codes() + (f", {len(m.errors)} errors" if m.errors else "")
-    missing = "; ".join(m.missing + m.dangling)
+    missing = "; ".join(m.missing + m.dangling + [f"unreported forward {u}" for u in m.unreported])
     line = (f"| {version} | {state} | {refactor} | {m.sites} / {m.sites_expected}{extra_sites} "
             f"| {m.hooks} / {m.hooks_expected}{extra} | {m.exit_code} | {codes} | {len(m.dangling)} | {m.again} "
             f"| {verdict} | {missing} |")

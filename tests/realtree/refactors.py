@@ -42,6 +42,9 @@ class Refactored:
     note: str
     paths: dict[str, str] = field(default_factory=dict)  # old -> new relative path (file or folder)
     names: dict[str, str] = field(default_factory=dict)  # renamed identifiers, old -> new
+    # Forwards a fork transformation added outside every site: (relative path, line), each of which
+    # `apply` must report (CI301) since no catalogued site guards it.
+    forwards: list[tuple[str, int]] = field(default_factory=list)
 
     def path(self, rel: str) -> str:
         for old, new in self.paths.items():
@@ -391,6 +394,76 @@ def inline_super_init(root: Path, classes: list[str]) -> Refactored:
     return Refactored(f"{cls.name}.__init__ without super().__init__() ({what})")
 
 
+def _class_file(root: Path, classes: list[str]) -> tuple[Path, ast.ClassDef]:
+    name = _defined(root, "class", classes)
+    pattern = re.compile(rb"^class\s+" + name.encode() + rb"\b", re.M)
+    for path in _py_files(root):
+        if pattern.search(path.read_bytes()):
+            return path, next(n for n in ast.parse(_read(path)).body if isinstance(n, ast.ClassDef) and n.name == name)
+    raise RefactorError(f"no class {name}")
+
+
+def _added_forwards(root: Path, path: Path, marker: str) -> list[tuple[str, int]]:
+    """(relative path, line) of the lines of `path` that hold `marker` (the forwards a fork added)."""
+    rel = path.relative_to(root).as_posix()
+    return [(rel, number) for number, line in enumerate(_read(path).splitlines(), 1) if marker in line]
+
+
+def add_to_class(root: Path, classes: list[str], method: str, after_assign: tuple[str, str] | None = None,
+                 marker: str = "") -> Refactored:
+    """Append `method` (source at column 0, indented to the class body) to a class; with `after_assign`
+    (attribute, new attribute), also assign the new attribute what `__init__` assigns the first one."""
+    path, cls = _class_file(root, classes)
+    lines = io.StringIO(_read(path)).readlines()
+    body_indent = lines[cls.body[0].lineno - 1][: cls.body[0].col_offset]
+    added = ["\n"] + [(body_indent + line if line.strip() else line) for line in io.StringIO(method).readlines()]
+    insert_at = cls.end_lineno
+    lines[insert_at:insert_at] = added
+    if after_assign is not None:
+        attribute, new = after_assign
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        assign = next((n for n in ast.walk(init) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                       and ast.unparse(n.targets[0]) == f"self.{attribute}"), None) if init else None
+        if assign is None:
+            raise RefactorError(f"{cls.name}.__init__ assigns no self.{attribute}")
+        indent = lines[assign.lineno - 1][: assign.col_offset]
+        lines.insert(assign.end_lineno, f"{indent}self.{new} = {ast.unparse(assign.value)}\n")
+    _write(path, "".join(lines))
+    return Refactored(f"{cls.name} + {method.split('(')[0].split()[-1]}", forwards=_added_forwards(root, path, marker))
+
+
+def add_subclass(root: Path, classes: list[str], source: str, marker: str) -> Refactored:
+    """Add a class (source at column 0, `{base}` the base's name) after the first of `classes` in its file."""
+    path, cls = _class_file(root, classes)
+    lines = io.StringIO(_read(path)).readlines()
+    lines[cls.end_lineno:cls.end_lineno] = ["\n", "\n", *io.StringIO(source.format(base=cls.name)).readlines()]
+    _write(path, "".join(lines))
+    return Refactored(f"a subclass of {cls.name} with its own draft loop", forwards=_added_forwards(root, path, marker))
+
+
+# A fork's code: each forward it adds sits outside every catalogued site.
+LEGACY_DRAFT = '''def forward_draft_legacy(self, forward_batch):
+    """An older EAGLE worker's draft step: the draft model runner's forward, called directly."""
+    return self.draft_model_runner.forward(forward_batch)
+'''
+MULTI_LAYER_DRAFTER = '''class MultiLayerEagleDrafter({base}):
+    """A multi-layer EAGLE draft worker: one draft forward per draft layer, in a loop of its own."""
+
+    def draft(self, forward_batch):
+        return self._draft_layers(forward_batch)
+
+    def _draft_layers(self, forward_batch):
+        outputs = []
+        for layer in range(self.speculative_num_steps):
+            outputs.append(self.draft_runner.forward(forward_batch))
+        return outputs
+'''
+AUTOTUNE_DUMMY = '''def _autotune_dummy_forward(self, forward_batch):
+    """An autotune dummy run: the model's forward on a dummy batch, outside the forward path."""
+    return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+'''
+
+
 # --------------------------------------------------------------------------- the refactors
 
 GRAPH_RUNNER = ["DecodeCudaGraphRunner", "CudaGraphRunner"]  # 0.5.13: model_executor/cuda_graph_runner.py
@@ -451,6 +524,12 @@ REFACTORS: dict[str, tuple[str, Callable[[Path], Refactored]]] = {
         r, GRAPH_RUNNER, CAPTURE, "_capture_shape_impl")),
     "no-super-init": ("a draft worker whose __init__ inlines its base's", lambda r: inline_super_init(
         r, DRAFT_WORKER)),
+    "fork-legacy-draft": ("an older EAGLE worker's direct draft_model_runner.forward", lambda r: add_to_class(
+        r, DRAFT_WORKER, LEGACY_DRAFT, ("draft_runner", "draft_model_runner"), "self.draft_model_runner.forward(")),
+    "fork-multi-layer-draft": ("a multi-layer EAGLE draft worker with its own draft loop", lambda r: add_subclass(
+        r, DRAFT_WORKER, MULTI_LAYER_DRAFTER, "self.draft_runner.forward(forward_batch))")),
+    "fork-autotune-forward": ("an autotune dummy run of self.model.forward in the model runner", lambda r: add_to_class(
+        r, ["ModelRunner"], AUTOTUNE_DUMMY, None, "self.model.forward(forward_batch.input_ids")),
 }
 
 

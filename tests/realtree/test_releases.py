@@ -159,7 +159,10 @@ def test_apply_migrates_the_hand_written_wiring_and_revert_gives_the_placeholder
     assert run.hand_apply.errors == [] and "\n-        canary_ctx = (\n" in diff and "\n+    def canary_ctx(self" in diff
     assert run.hand_wired == run.expected.site_count
     assert site_codes(run.hand_after) == Counter()
-    assert run.hand_again.changes == [] and run.hand_again.exit_code == 0  # `apply --check`
+    assert run.hand_again.changes == []  # `apply --check`: nothing left to change ...
+    # ... and the same findings as `check` (the forward paths CI301 finds uncovered, as apply reports them)
+    assert run.hand_again.findings == run.hand_after.findings == run.hand_apply.findings
+    assert {f.code for f in run.hand_again.findings} <= {"CI301"}
     assert run.hand_reverted == []  # byte for byte the independent placeholder state
 
 
@@ -173,7 +176,9 @@ def test_apply_wires_every_site_and_places_every_hook_on_the_placeholder_state(v
     upstream = sorted({(rel, call, function) for rel, hooks in run.expected.hooks.items() for call, function in hooks})
     assert set(upstream) <= set(run.hooks), (upstream, run.hooks)
     assert site_codes(run.place_after) == Counter()
-    assert run.place_again.changes == [] and run.place_again.exit_code == 0  # apply twice: no change
+    assert run.place_again.changes == []  # apply twice: no change
+    assert run.place_again.findings == run.place_after.findings == run.place_apply.findings  # as check reports
+    assert {f.code for f in run.place_again.findings} <= {"CI301"}
     assert run.place_reverted == []
 
 

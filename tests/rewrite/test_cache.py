@@ -198,7 +198,8 @@ def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_co
     tool.write_text("def report(rows):\n    return len(rows) + 1\n")
     assert ci301(run(tree.root, tmp_path / "cache")) == []
     assert examined == ["report.py"] and searched == ["report.py"]  # the caller search reads nothing else
-    tool.write_text("def report(runner, batch):\n    return runner.execute(batch)\n")
+    tool.write_text("from pkg.srt.runners.eager import EagerRunner\n\n\n"
+                    "def report(runner: EagerRunner, batch):\n    return runner.execute(batch)\n")
     warm = run(tree.root, tmp_path / "cache")
     assert ci301(warm) == [("eager.py", 9)]
     assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))

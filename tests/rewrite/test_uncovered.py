@@ -84,7 +84,10 @@ def test_a_second_path_outside_the_site_is_reported_with_the_path(engine):
 
 def test_a_caller_in_a_file_without_any_trigger_is_found_by_the_caller_search(engine):
     engine.write({"pkg/srt/tools/rerun.py": """
-        def rerun(runner, forward_batch):
+        from pkg.srt.runners.eager import EagerRunner
+
+
+        def rerun(runner: EagerRunner, forward_batch):
             return runner.execute(forward_batch)
 
 
@@ -104,6 +107,179 @@ def test_a_call_on_an_object_whose_name_fits_no_runner_does_not_reach_it(engine)
             return connection.execute("select 1")
     """})
     assert ci301(engine) == []
+
+
+def test_an_untyped_receiver_is_not_resolved_by_its_name_alone(engine):
+    # `runner` fits EagerRunner by name, but nothing shows it holds one: an unrelated `execute` (a job
+    # queue's) reaches no runner, so the runner's forward stays covered by the forward site.
+    engine.write({"pkg/srt/tools/jobs.py": """
+        def drain(runner, forward_batch):
+            return runner.execute(forward_batch)
+
+
+        class JobRunner:
+            def execute(self, forward_batch):
+                return forward_batch
+    """})
+    assert ci301(engine) == []
+
+
+def test_a_receiver_typed_through_returns_and_fields_reaches_the_class_its_name_ranks_first(tree):
+    # `capture.decode.runner`: what a function returns (its annotation), a field of that, a field of
+    # that (the base class); among the base's subclasses the attribute's name picks the decode runner.
+    tree.write({
+        "pkg/__init__.py": "",
+        "pkg/srt/model_executor/model_runner.py": """
+            import contextlib
+
+            from pkg.srt.runners import capture_graphs
+
+
+            class ModelRunner:
+                def init_graphs(self):
+                    capture = capture_graphs(self)
+                    self.decode_runner = capture.decode.runner
+
+                def forward(self, forward_batch):
+                    canary_ctx = contextlib.nullcontext()
+                    with canary_ctx:
+                        return self._forward_raw(forward_batch)
+
+                def _forward_raw(self, forward_batch):
+                    return self.decode_runner.execute(forward_batch)
+
+                def warmup(self, forward_batch):
+                    return self.decode_runner.execute(forward_batch)
+        """,
+        "pkg/srt/runners.py": """
+            from dataclasses import dataclass
+
+
+            class BaseRunner:
+                def execute(self, forward_batch):
+                    raise NotImplementedError
+
+
+            class DecodeGraphRunner(BaseRunner):
+                def execute(self, forward_batch):
+                    return self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+            class PrefillGraphRunner(BaseRunner):
+                def execute(self, forward_batch):
+                    return self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+            @dataclass
+            class GraphCapture:
+                runner: BaseRunner
+
+
+            @dataclass
+            class Captures:
+                decode: GraphCapture
+                prefill: GraphCapture
+
+
+            def capture_graphs(model_runner) -> Captures:
+                return Captures(GraphCapture(None), GraphCapture(None))
+        """,
+    })
+    found = ci301(tree)
+    # The decode runner's forward, which `warmup` reaches outside the site; the prefill runner's, which
+    # nothing calls (an entry point of its own).
+    assert [(name, line) for name, line, _ in found] == [("runners.py", 11), ("runners.py", 16)]
+    assert "reached from ModelRunner.warmup, which nothing found in the tree calls: ModelRunner.warmup -> " \
+           "DecodeGraphRunner.execute" in found[0][2]
+    assert "nothing found in the tree calls PrefillGraphRunner.execute" in found[1][2]
+
+
+def test_the_path_a_finding_shows_goes_through_the_caller_that_holds_the_class(tree):
+    # Both workers call `self.draft_worker.draft(...)` through their base's property; only the MTP
+    # worker's draft worker is the MTP one, so the path shown is the MTP worker's (each hop a call the
+    # code makes on an object it holds), not the EAGLE worker's.
+    tree.write({
+        "pkg/__init__.py": "",
+        "pkg/srt/speculative/base_worker.py": """
+            class BaseSpecWorker:
+                @property
+                def draft_worker(self):
+                    return self._draft_worker
+        """,
+        "pkg/srt/speculative/eagle_worker.py": """
+            import contextlib
+
+            from pkg.srt.speculative.base_worker import BaseSpecWorker
+
+
+            class EagleDraftWorker:
+                def draft(self, forward_batch):
+                    canary_ctx = contextlib.nullcontext()
+                    with canary_ctx:
+                        return self.draft_runner.forward(forward_batch)
+
+
+            class EagleWorker(BaseSpecWorker):
+                def __init__(self):
+                    self._draft_worker = EagleDraftWorker()
+
+                def forward_batch_generation(self, forward_batch):
+                    return self.draft_worker.draft(forward_batch)
+        """,
+        "pkg/srt/speculative/mtp_worker.py": """
+            from pkg.srt.speculative.eagle_worker import EagleWorker
+
+
+            class MtpDraftWorker:
+                def draft(self, forward_batch):
+                    return self.draft_runner.forward(forward_batch)
+
+
+            class MtpWorker(EagleWorker):
+                def __init__(self):
+                    self._draft_worker = MtpDraftWorker()
+
+                def forward_batch_generation(self, forward_batch):
+                    return self.draft_worker.draft(forward_batch)
+        """,
+    })
+    [(name, line, message)] = ci301(tree)
+    assert (name, line) == ("mtp_worker.py", 6)
+    assert "reached from MtpWorker.forward_batch_generation, which nothing found in the tree calls: " \
+           "MtpWorker.forward_batch_generation -> MtpDraftWorker.draft" in message
+
+
+def test_a_model_runner_s_own_model_forward_outside_its_site_is_reported(engine):
+    # An autotune dummy run: in the model runner (the class that calls its raw forward), `self.model`
+    # is the model runner's model, whatever the catalog's pattern (`*model_runner.model.forward`) spells.
+    autotune = ("\n    def autotune(self, forward_batch):\n"
+                "        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)\n")
+    engine.write({"pkg/srt/model_executor/model_runner.py": textwrap.dedent(MODEL_RUNNER) + autotune})
+    [(name, line, message)] = ci301(engine)
+    assert (name, line) == ("model_runner.py", 26)
+    assert "`self.model.forward(...)` in ModelRunner.autotune" in message
+
+
+def test_a_draft_runner_held_under_another_name_is_a_draft_forward(tree):
+    # An older EAGLE worker: its draft model runner is the model runner of the worker it builds with the
+    # draft flag, held as `draft_model_runner`; calling its forward directly runs the draft model.
+    tree.write({"pkg/srt/speculative/eagle_worker.py": """
+        from pkg.srt.managers.tp_worker import TpModelWorker
+
+
+        class EagleWorker:
+            def __init__(self, server_args):
+                self.draft_worker = TpModelWorker(server_args, is_draft_worker=True)
+                self.draft_model_runner = self.draft_worker.model_runner
+                self.target_model_runner = server_args.model_runner
+
+            def draft(self, forward_batch):
+                self.target_model_runner.forward(forward_batch)
+                return self.draft_model_runner.forward(forward_batch)
+    """})
+    [(name, line, message)] = ci301(tree)
+    assert (name, line) == ("eagle_worker.py", 12)
+    assert "model-runner forward `self.draft_model_runner.forward(...)` in EagleWorker.draft" in message
 
 
 def test_a_graph_runner_that_never_reaches_a_kv_reading_forward_is_not_reported(tree):
