@@ -25,6 +25,7 @@ TRIAGED = {
     "0.5.14": {
         ("model_executor/cpu_graph_runner.py", 829),
         ("model_executor/runner/prefill_cuda_graph_runner.py", 413),
+        ("speculative/dflash_worker_v2.py", 1485),
         ("speculative/frozen_kv_mtp_worker_v2.py", 451),
         ("speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py", 434),
     },
