@@ -17,17 +17,13 @@ One forward step runs four phases, enforced in order once init has finished:
 Before init has finished (warm-up, graph capture) the inside ops still launch, so capture records
 them, but the device enable flag is 0 and they do nothing; those forwards are not steps.
 
-The parts: ``sites.py`` (the contexts wired sites enter, and their cache), ``steps.py`` (the step
-state the sites advance), ``single_forward.py`` (one sub-forward's phase), ``status.py`` (the status
-layout and the published-word reader), ``reporting.py`` (violations to the log or to a raise),
-``health.py`` and ``stats.py`` (health check, enable warning, stats), ``distributed.py`` (cross-rank
-checks). The production features hook in outside the graph: self-test perturbations
-(``perturb/``, target manager only) and the idle-cache sweep (``sweep.py``) at step end.
+The parts, and who calls whom: docs/architecture.md, "Runtime modules". The production features
+hook in outside the graph: self-test perturbations (``perturb/``, target manager only) and the
+idle-cache sweep (``sweep.py``) at step end.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable, NamedTuple, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
@@ -35,31 +31,21 @@ from canary_instrument.runtime.health import HealthCheck
 from canary_instrument.runtime.ops import CanaryOps
 from canary_instrument.runtime.plan import IDLE as IDLE_BATCH
 from canary_instrument.runtime.plan import forward_kind
-from canary_instrument.runtime.readback import DelayedReadback, Snapshot
+from canary_instrument.runtime.readback import DelayedReadback
 from canary_instrument.runtime.reporting import Reporter
 from canary_instrument.runtime.settings import CanarySettings
 from canary_instrument.runtime.single_forward import IDLE, PLANNED, PRE_DONE, SingleForwardManager
+from canary_instrument.runtime.snapshots import Snapshots, Tag
 from canary_instrument.runtime.sites import SITE_CONTEXT_TYPES, SiteCache, canary_context
 from canary_instrument.runtime.state import CanaryState
 from canary_instrument.runtime.stats import CanaryStats, StatsKeeper, StatsLine
 from canary_instrument.runtime.status import AT, SWA, SWEEP, PublishedWords, allocate_status
 from canary_instrument.runtime.steps import StepState
-from canary_instrument.runtime.swa_divergence import swa_divergence_on_device, swa_log_from_status
+from canary_instrument.runtime.swa_divergence import swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation
 
-logger = logging.getLogger("canary_instrument.runtime")
 
 __all__ = ["CanaryManager", "CanaryStats", "SingleForwardManager"]
-
-
-class _Tag(NamedTuple):
-    """Host facts at snapshot time: step number, enabled sub-forwards planned so far, SWA report due,
-    and the sweep's progress (passes, rows in the current pass) when a stats line is due."""
-
-    step: int
-    planned: int
-    swa_due: bool
-    sweep_progress: Optional[tuple] = None
 
 
 class _View(NamedTuple):
@@ -67,6 +53,13 @@ class _View(NamedTuple):
 
     step: int
     radix_cache: Any
+
+
+def _unwired(what: str) -> CanaryWiringError:
+    return CanaryWiringError(
+        f"kv canary: model forward ran {what} outside with_active_single_forward_manager(); "
+        "this forward path is not wired"
+    )
 
 
 class CanaryManager:
@@ -108,7 +101,7 @@ class CanaryManager:
                                  is_draft=self.is_draft)
             for i in range(num_single_forward)
         ]
-        self._sites = SiteCache(self, self.steps)
+        self._sites = SiteCache(self, self.steps, self.single_forward_managers)
         self.recent_sites = self._sites.recent  # read by sites.canary_context
         self._readback = DelayedReadback(self._status, state.ring)
         self.reporter = Reporter(mode=settings.mode, ring_size=settings.ring_size, readback=self._readback,
@@ -116,7 +109,9 @@ class CanaryManager:
         self.health = HealthCheck()
         self._stats = StatsKeeper(interval=settings.stats_interval, rows_per_token=len(state.groups),
                                   swept_at=AT["sweep_rows"])
-        self._readback_interval = settings.readback_interval
+        self._snapshots = Snapshots(readback=self._readback, interval=settings.readback_interval, steps=self.steps,
+                                    published=self.published, reporter=self.reporter, health=self.health,
+                                    stats=self._stats, stats_line=self.stats_line)
         self._ranks = None
         if process_group is not None:
             from canary_instrument.runtime.distributed import RankCheck, group_size
@@ -196,6 +191,8 @@ class CanaryManager:
         if not steps.init_finished:
             self.enabled.fill_(1)
         steps.init_finished = True
+        if self._sampled is not None:
+            self._sampled.recording = True  # warm-up samples are not recorded
         steps.fast = self._quiet
 
     def per_forward_workspace_bytes(self) -> int:
@@ -218,26 +215,10 @@ class CanaryManager:
         attach_hicache(self, tree_cache)
 
     def record_sampled(self, forward_batch: Any, next_token_ids: Any) -> None:
-        """After ``model_runner.sample``: stage each request's sampled token (one device copy; the next
-        pre-forward pass files it under the request's req-pool row). Skipped before init (warm-up samples)
-        and for outputs that are not one token per request of the batch the forward ran."""
-        sampled = self._sampled
-        if sampled is None or not self.steps.init_finished:
-            return
-        # Plain attribute reads, no getattr with a default and no len() of a tensor (Tensor.__len__ is
-        # Python): this runs after every sample with the host's caches cold, where each call costs.
-        try:
-            shape = next_token_ids.shape
-            if len(shape) != 1 or shape[0] != forward_batch.req_pool_indices.shape[0]:
-                return
-        except AttributeError:  # no batch, no rows, or not a tensor
-            return
-        view = sampled.views.get(shape[0])
-        if view is None:
-            view = sampled.view(shape[0])
-            if view is None:
-                return
-        view.copy_(next_token_ids)  # the one device op; the next pre-forward pass files it
+        """Stage each request's sampled token (``expected_tokens.SampledTokens.record``; the wrapped
+        ``model_runner.sample`` calls that directly)."""
+        if self._sampled is not None:
+            self._sampled.record(forward_batch, next_token_ids)
 
     def with_active_single_forward_manager(self, index: int) -> Any:
         """Route the bracketed model forward inside this block to sub-forward ``index``."""
@@ -259,23 +240,20 @@ class CanaryManager:
 
     # Called by the bracketed model.forward.
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
-        sfm = self._active_or_none("pre-ops")
+        steps = self.steps
+        sfm = steps.active
         if sfm is not None:
             sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
+        elif steps.init_finished:
+            raise _unwired("pre-ops")
 
     def post_ops_maybe_inside_graph(self) -> None:
-        sfm = self._active_or_none("post-ops")
+        steps = self.steps
+        sfm = steps.active
         if sfm is not None:
             sfm.post_ops_maybe_inside_graph()
-
-    def _active_or_none(self, what: str) -> Optional[SingleForwardManager]:
-        steps = self.steps
-        if steps.active is None and steps.init_finished:
-            raise CanaryWiringError(
-                f"kv canary: model forward ran {what} outside with_active_single_forward_manager(); "
-                "this forward path is not wired"
-            )
-        return steps.active
+        elif steps.init_finished:
+            raise _unwired("post-ops")
 
     # ------------------------------------------------------------------ results
 
@@ -297,7 +275,7 @@ class CanaryManager:
         """Figures as of the last snapshot read (call ``flush()`` first for up-to-date ones)."""
         return self._stats.last(self.published.seen)
 
-    def stats_line(self, tag: Optional[_Tag] = None) -> StatsLine:
+    def stats_line(self, tag: Optional[Tag] = None) -> StatsLine:
         """The ``kv_canary_stats=`` line of the last snapshot read (sweep progress as of ``tag``, else now)."""
         progress = tag.sweep_progress if tag is not None else None
         if progress is None and self.sweeper is not None:
@@ -306,23 +284,6 @@ class CanaryManager:
         return self._stats.line(self.stats(), self.reporter.reasons.as_tuple(), progress)
 
     # ------------------------------------------------------------------ phases (called by sites.Site)
-
-    def sub_forward(self, index: int) -> SingleForwardManager:
-        """The sub-forward manager ``index``, validated."""
-        if not isinstance(index, int) or not 0 <= index < self.num_single_forward:
-            raise CanaryWiringError(
-                f"kv canary: sub-forward index {index!r} out of range; this manager has "
-                f"{self.num_single_forward} (max(1, speculative_num_steps - 1))"
-            )
-        return self.single_forward_managers[index]
-
-    def listed(self, single_forward_indices: Optional[Iterable[int]]) -> list:
-        """The sub-forward managers of a listing, validated (a site resolves its listing once)."""
-        indices = [0] if single_forward_indices is None else list(single_forward_indices)
-        sfms = [self.sub_forward(i) for i in indices]
-        if len({s.index for s in sfms}) != len(sfms):
-            raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
-        return sfms
 
     def pre_ops_outside_graph(self, sfms: list[SingleForwardManager], forward_batch: Any) -> int:
         """Phase bookkeeping only; returns how many sub-forwards this block plans (0 for an idle batch)."""
@@ -391,22 +352,11 @@ class CanaryManager:
         swa_due = self._swa_interval != 0 and step % self._swa_interval == 0
         if swa_due:
             self._status[SWA].copy_(self._swa_on_device(forward_batch))
-        readback = self._readback
-        # Earlier steps' snapshots whose copies have completed (normally just the last one taken).
-        while readback.pending():
-            snapshot = readback.harvest()
-            if snapshot is None:
-                break
-            self._process(snapshot)
+        snapshots = self._snapshots
+        snapshots.read_ready()
         self._poll_published()
-        # A tagged snapshot every `readback_interval` steps (a copy and an event record: CUDA calls),
-        # and on steps whose SWA or stats line is due.
-        if step % self._readback_interval == 0 or swa_due or stats_due:
-            readback.take(_Tag(step, self.steps.planned, swa_due, progress))
-        # When an inline site exit must next run the whole step end: the next step if a snapshot is still
-        # in flight (it is harvested there), else the next snapshot step.
-        interval = self._readback_interval
-        self.steps.end_due = step + 1 if readback.pending() else step - step % interval + interval
+        snapshots.take_if_due(step, swa_due, stats_due, progress)
+        self.steps.end_due = snapshots.next_step_end(step)
         ranks = self._ranks
         if ranks is None:
             self._raise_pending()
@@ -438,25 +388,7 @@ class CanaryManager:
 
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        while self._readback.pending():
-            self._process(self._readback.harvest(wait=True))
-        self._poll_published()
-        if final:
-            self._readback.take(_Tag(self.steps.step, self.steps.planned, False))
-            self._process(self._readback.harvest(wait=True))
-
-    def _process(self, snapshot: Snapshot) -> None:
-        values, tag = snapshot.values, snapshot.tag
-        count, pre_runs, post_runs = int(values[0]), int(values[1]), int(values[2])
-        self._stats.keep(values, tag.step)
-        if count > self.published.seen:
-            self.reporter.read(count, tag.step, snapshot)
-        self.health.check(tag, pre_runs, post_runs)
-        if tag.swa_due:
-            logger.info("%s", swa_log_from_status(tag.step, values).format())
-        self.health.observe(tag, pre_runs, post_runs, self.steps.forwards)
-        if self._stats.line_due(tag.step):
-            logger.info("%s", self.stats_line(tag).format())
+        self._snapshots.drain(final, self._poll_published)
 
     def _swa_on_device(self, forward_batch: Any) -> Any:
         seq_lens = None

@@ -7,7 +7,7 @@ each checks that it runs in the phase the site left it in.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.ops import CanaryOps
@@ -63,3 +63,22 @@ class SingleForwardManager:
         plan, self.plan = self.plan, None
         if plan is not None:
             self.ops.post_forward(self._state, plan)
+
+
+def sub_forward(sfms: list, index: Any) -> SingleForwardManager:
+    """Sub-forward manager ``index`` of ``sfms``, validated."""
+    if not isinstance(index, int) or not 0 <= index < len(sfms):
+        raise CanaryWiringError(
+            f"kv canary: sub-forward index {index!r} out of range; this manager has "
+            f"{len(sfms)} (max(1, speculative_num_steps - 1))"
+        )
+    return sfms[index]
+
+
+def listed(sfms: list, indices: Optional[Iterable[int]]) -> list:
+    """The sub-forward managers of a listing, validated (a site resolves its listing once)."""
+    indices = [0] if indices is None else list(indices)
+    found = [sub_forward(sfms, i) for i in indices]
+    if len({s.index for s in found}) != len(found):
+        raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
+    return found

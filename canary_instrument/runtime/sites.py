@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Iterable, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.plan import IDLE, forward_kind
-from canary_instrument.runtime.single_forward import PLANNED, SingleForwardManager
+from canary_instrument.runtime.single_forward import PLANNED, SingleForwardManager, listed, sub_forward
 from canary_instrument.runtime.steps import STEPS_REMEMBERED, StepState
 
 NULL_CONTEXT = contextlib.nullcontext()  # reusable and reentrant: a site without a manager enters nothing
@@ -89,9 +89,10 @@ def site_key(outside: Any, active: Any) -> Any:
 class SiteCache:
     """One manager's reusable sites: by (listing, active), and the one each ``active`` used last."""
 
-    def __init__(self, manager: Any, steps: StepState):
+    def __init__(self, manager: Any, steps: StepState, sfms: list):
         self._manager = manager
         self._steps = steps
+        self._sfms = sfms  # the manager's sub-forward managers
         self._sites: dict = {}
         self.recent: dict = {}  # active (an int or None) -> the Site it used last (canary_context reads it)
 
@@ -104,7 +105,7 @@ class SiteCache:
         key = site_key(outside, active)
         site = self._sites.get(key) if key is not None else None
         if site is None or site.busy:
-            site = Site(self._manager, self._steps, outside, active)
+            site = Site(self._manager, self._steps, self._sfms, outside, active)
             if key is not None and key not in self._sites and len(self._sites) < _MAX_CACHED:
                 self._sites[key] = site
         if key is not None:
@@ -124,12 +125,13 @@ class Site:
     left by the general path, which checks them. The general path calls the manager's phase methods.
     """
 
-    __slots__ = ("_manager", "_steps", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy",
+    __slots__ = ("_manager", "_steps", "_all", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy",
                  "_inline", "_ready", "_mode", "_mode_idle")
 
-    def __init__(self, manager: Any, steps: StepState, outside: Any, active: Optional[int]):
+    def __init__(self, manager: Any, steps: StepState, sfms: list, outside: Any, active: Optional[int]):
         self._manager = manager
         self._steps = steps
+        self._all = sfms
         self.listing = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
         self.index = active
         self._sfms: Optional[list] = None  # the listing's sub-forward managers, resolved on first entry
@@ -177,7 +179,7 @@ class Site:
                     raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
                 sfms = self._sfms
                 if sfms is None:
-                    sfms = self._sfms = manager.listed(self.listing)
+                    sfms = self._sfms = listed(self._all, self.listing)
                 steps.open = self
                 try:
                     self._planned = manager.pre_ops_outside_graph(sfms, self.batch) if steps.init_finished else 0
@@ -190,7 +192,7 @@ class Site:
             try:
                 sfm = self._active_sfm
                 if sfm is None:
-                    sfm = self._active_sfm = manager.sub_forward(self.index)
+                    sfm = self._active_sfm = sub_forward(self._all, self.index)
                 if steps.active is not None:
                     raise CanaryWiringError(
                         f"kv canary: with_active_single_forward_manager({self.index}) nested inside "

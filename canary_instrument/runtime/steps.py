@@ -7,7 +7,7 @@ the state it touches is one object of plain fields, owned by the manager and adv
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from canary_instrument.runtime.status import PublishedWords
 
