@@ -126,9 +126,11 @@ class RankVerdict:
     def raise_if_bad(self, raise_mode: bool) -> None:
         """Every rank raises what any rank found (raise mode: violations too)."""
         if self.sick:
-            raise CanaryHealthError(f"kv canary health check failed on rank(s) {self.sick} (combined at step {self.step})")
+            raise CanaryHealthError(
+                f"kv canary health check failed on rank(s) {self.sick} (combined at step {self.step})")
         if raise_mode and self.new_on is not None:
-            raise CanaryViolationError([], [f"kv_canary violations on rank(s) {self.new_on}: {self.total} in all ranks"])
+            raise CanaryViolationError(
+                [], [f"kv_canary violations on rank(s) {self.new_on}: {self.total} in all ranks"])
 
 
 class RankCheck:
