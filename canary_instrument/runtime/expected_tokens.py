@@ -56,9 +56,8 @@ class SampledTokens:
     The table holds, per req-pool row, the token the sampler last produced for it (-1 = none). The host
     never writes it: a sample is one copy of the sampler's output into ``staging`` (in the batch's order),
     and the next pre-forward pass files it under the rows the sampled forward's own pre-forward pass left
-    in ``rows``. On alternate steps of one running engine (H100) the copy into a cached view took
-    13-14 us of host time where the ``index_copy_`` by row it replaced took 20-22 us
-    (bench/runtime/probe_record.py, bench/runtime/RESULTS.md).
+    in ``rows``. The copy into a cached view costs less host time than an ``index_copy_`` by row
+    (bench/runtime/RESULTS.md, ``probe_record.py``).
     """
 
     def __init__(self, max_reqs: int, device: Any):

@@ -46,9 +46,10 @@ class CanarySettings:
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
     # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between tagged status snapshots
     # (one async copy and an event each): the health check, and stats/SWA figures between their own
-    # lines, come back within this many steps. Violations do not wait for it (manager.py). 64: a step that
-    # takes or reads a snapshot costs 31-67 us of host time on an H100 (bench/runtime/RESULTS.md), and a
-    # draft manager counts two steps per EAGLE step; a lost bracket still raises within a second or so.
+    # lines, come back within this many steps. Violations do not wait for it (status.py). 64: a step that
+    # takes or reads a snapshot costs many times a clean step's host time (bench/runtime/RESULTS.md, per
+    # site in place), and a draft manager counts two steps per EAGLE step; a lost bracket still raises
+    # within a second or so.
     readback_interval: int = 64
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off

@@ -1,4 +1,4 @@
-"""The SWA divergence reporter (seed 004): how far the SWA group's view drifts from the FULL group's.
+"""The SWA divergence reporter: how far the SWA group's view drifts from the FULL group's.
 
 Per forward the kernels count verified entries of each group on device; every ``interval``
 steps the reporter computes, on device, how many live slots the SWA allocator remapped and how
