@@ -55,11 +55,16 @@ class _View(NamedTuple):
     radix_cache: Any
 
 
-def _unwired(what: str) -> CanaryWiringError:
-    return CanaryWiringError(
-        f"kv canary: model forward ran {what} outside with_active_single_forward_manager(); "
-        "this forward path is not wired"
-    )
+def _on_steps(name: str, doc: str, writable: bool = True) -> property:
+    """A manager attribute kept in its ``StepState``, where the sites read it."""
+
+    def read(manager: "CanaryManager") -> Any:
+        return getattr(manager.steps, name)
+
+    def write(manager: "CanaryManager", value: Any) -> None:
+        setattr(manager.steps, name, value)
+
+    return property(read, write if writable else None, doc=doc)
 
 
 class CanaryManager:
@@ -157,31 +162,11 @@ class CanaryManager:
         for sfm in self.single_forward_managers:
             sfm.ops = ops
 
-    @property
-    def step(self) -> int:
-        return self.steps.step
-
-    @property
-    def init_finished(self) -> bool:
-        return self.steps.init_finished
-
-    @property
-    def request_side(self) -> Any:
-        """Req-pool allocations and KV frees noted by the allocator wrappers (request_side.py)."""
-        return self.steps.request_side
-
-    @request_side.setter
-    def request_side(self, side: Any) -> None:
-        self.steps.request_side = side
-
-    @property
-    def token_oracle(self) -> Any:
-        """The token oracle (token_oracle.py, target only; None = off)."""
-        return self.steps.token_oracle
-
-    @token_oracle.setter
-    def token_oracle(self, oracle: Any) -> None:
-        self.steps.token_oracle = oracle
+    step = _on_steps("step", "Steps counted since init finished.", writable=False)
+    init_finished = _on_steps("init_finished", "Whether mark_init_finished() was called.", writable=False)
+    request_side = _on_steps("request_side", "Req-pool allocations and KV frees noted by the allocator wrappers "
+                             "(request_side.py), applied at the next forward site's entry.")
+    token_oracle = _on_steps("token_oracle", "The token oracle (token_oracle.py, target only; None = off).")
 
     def mark_init_finished(self) -> None:
         """Warm-up and capture are over: from now on the kernels run and phase order is enforced."""
@@ -240,20 +225,24 @@ class CanaryManager:
 
     # Called by the bracketed model.forward.
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
-        steps = self.steps
-        sfm = steps.active
-        if sfm is not None:
-            sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
-        elif steps.init_finished:
-            raise _unwired("pre-ops")
+        sfm = self.steps.active
+        if sfm is None:
+            return self._without_active("pre-ops")
+        sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
 
     def post_ops_maybe_inside_graph(self) -> None:
-        steps = self.steps
-        sfm = steps.active
-        if sfm is not None:
-            sfm.post_ops_maybe_inside_graph()
-        elif steps.init_finished:
-            raise _unwired("post-ops")
+        sfm = self.steps.active
+        if sfm is None:
+            return self._without_active("post-ops")
+        sfm.post_ops_maybe_inside_graph()
+
+    def _without_active(self, what: str) -> None:
+        """A bracketed forward with no active sub-forward: warm-up and capture (nothing to do), else unwired."""
+        if self.steps.init_finished:
+            raise CanaryWiringError(
+                f"kv canary: model forward ran {what} outside with_active_single_forward_manager(); "
+                "this forward path is not wired"
+            )
 
     # ------------------------------------------------------------------ results
 

@@ -8,6 +8,7 @@ except by ``drain`` (``flush()``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 from canary_instrument.runtime.health import HealthCheck
@@ -31,19 +32,18 @@ class Tag(NamedTuple):
     sweep_progress: Optional[tuple] = None
 
 
+@dataclass(kw_only=True)
 class Snapshots:
     """One manager's tagged snapshots and what reads them."""
 
-    def __init__(self, *, readback: DelayedReadback, interval: int, steps: StepState, published: PublishedWords,
-                 reporter: Reporter, health: HealthCheck, stats: StatsKeeper, stats_line: Callable[[Tag], Any]):
-        self.readback = readback
-        self.interval = interval  # steps between snapshots (more are taken where a stats or SWA line is due)
-        self._steps = steps
-        self._published = published
-        self._reporter = reporter
-        self._health = health
-        self._stats = stats
-        self._stats_line = stats_line
+    readback: DelayedReadback
+    interval: int  # steps between snapshots (more are taken where a stats or SWA line is due)
+    steps: StepState
+    published: PublishedWords
+    reporter: Reporter
+    health: HealthCheck
+    stats: StatsKeeper
+    stats_line: Callable[[Tag], Any]
 
     def read_ready(self) -> None:
         """Read earlier steps' snapshots whose copies have completed (normally just the last one taken)."""
@@ -58,7 +58,7 @@ class Snapshots:
         """A snapshot every ``interval`` steps (a copy and an event record: CUDA calls), and on steps whose
         SWA or stats line is due."""
         if step % self.interval == 0 or swa_due or stats_due:
-            self.readback.take(Tag(step, self._steps.planned, swa_due, progress))
+            self.readback.take(Tag(step, self.steps.planned, swa_due, progress))
 
     def next_step_end(self, step: int) -> int:
         """When an inline site exit must next run the whole step end: the next step if a snapshot is still
@@ -73,18 +73,18 @@ class Snapshots:
             self._process(self.readback.harvest(wait=True))
         poll()
         if final:
-            self.readback.take(Tag(self._steps.step, self._steps.planned, False))
+            self.readback.take(Tag(self.steps.step, self.steps.planned, False))
             self._process(self.readback.harvest(wait=True))
 
     def _process(self, snapshot: Snapshot) -> None:
         values, tag = snapshot.values, snapshot.tag
         count, pre_runs, post_runs = int(values[0]), int(values[1]), int(values[2])
-        self._stats.keep(values, tag.step)
-        if count > self._published.seen:
-            self._reporter.read(count, tag.step, snapshot)
-        self._health.check(tag, pre_runs, post_runs)
+        self.stats.keep(values, tag.step)
+        if count > self.published.seen:
+            self.reporter.read(count, tag.step, snapshot)
+        self.health.check(tag, pre_runs, post_runs)
         if tag.swa_due:
             logger.info("%s", swa_log_from_status(tag.step, values).format())
-        self._health.observe(tag, pre_runs, post_runs, self._steps.forwards)
-        if self._stats.line_due(tag.step):
-            logger.info("%s", self._stats_line(tag).format())
+        self.health.observe(tag, pre_runs, post_runs, self.steps.forwards)
+        if self.stats.line_due(tag.step):
+            logger.info("%s", self.stats_line(tag).format())

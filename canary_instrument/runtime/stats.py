@@ -23,16 +23,15 @@ or every batch since init planned nothing.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from canary_instrument.runtime.loglines import fields_after
 from canary_instrument.runtime.state import REASON_NAMES
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 PREFIX = "kv_canary_stats="
-_FIELD = re.compile(r"(\w+)=(\S+)")
 _INTS = ("step", "tokens_protected", "verified", "written", "pre_runs", "post_runs", "violations", "swept",
          "sweep_passes", "sweep_pass_rows")
 _REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
@@ -67,10 +66,10 @@ class StatsLine:
     @classmethod
     def parse(cls, line: str) -> Optional["StatsLine"]:
         """The stats a log line reports, or None when the line is not a stats line; ValueError when malformed."""
-        at = line.find(PREFIX)
-        if at < 0:
+        fields = fields_after(line, PREFIX)
+        if fields is None:
             return None
-        values = dict(_FIELD.findall(line[at + len(PREFIX):]))
+        values = dict(fields)
         try:
             ints = {name: int(values[name]) for name in _INTS}
             raw = values["reasons"]

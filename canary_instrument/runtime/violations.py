@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from canary_instrument.runtime.loglines import fields_after
 from canary_instrument.runtime.state import GROUP_SWA, HALF_V, KERNEL_NAMES, REASON_NAMES
 
 PREFIX = "kv_canary violation:"
 _GROUP_NAMES = {0: "full", GROUP_SWA: "swa"}
 _HALF_NAMES = {0: "k", HALF_V: "v"}
-_FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -57,10 +56,10 @@ class Violation:
     @classmethod
     def parse(cls, line: str) -> Optional["Violation"]:
         """The violation a log line reports, or None when the line is not one."""
-        at = line.find(PREFIX)
-        if at < 0:
+        pairs = fields_after(line, PREFIX)
+        if pairs is None:
             return None
-        fields = dict(_FIELD.findall(line[at + len(PREFIX) :]))
+        fields = dict(pairs)
         try:
             return cls(
                 kernel=fields["kernel"],

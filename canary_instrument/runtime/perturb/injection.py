@@ -12,12 +12,12 @@ nothing and is not scored. Kind-specific fields follow (``new_slot``, ``byte``, 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
+from canary_instrument.runtime.loglines import fields_after
+
 PREFIX = "kv_canary_perturb="
-_FIELD = re.compile(r"(\w+)=(\S+)")
 _CORE = ("step", "kind", "group", "half", "slot", "position", "req", "applied")
 NO_GROUP = "-"
 
@@ -47,10 +47,9 @@ class Injection:
     @classmethod
     def parse(cls, line: str) -> Optional["Injection"]:
         """The injection a log line reports, or None when the line is not one; ValueError when malformed."""
-        at = line.find(PREFIX)
-        if at < 0:
+        fields = fields_after(line, PREFIX)
+        if fields is None:
             return None
-        fields = _FIELD.findall(line[at + len(PREFIX):])
         values = dict(fields)
         try:
             return cls(
