@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from canary_instrument.runtime.loglines import fields_after
+from canary_instrument.runtime.loglines import LogLine
 from canary_instrument.runtime.state import REASON_NAMES
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -38,7 +38,9 @@ _REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
 
 
 @dataclass(frozen=True)
-class StatsLine:
+class StatsLine(LogLine):
+    PREFIX = PREFIX
+
     step: int
     verified: int
     written: int
@@ -64,23 +66,12 @@ class StatsLine:
         )
 
     @classmethod
-    def parse(cls, line: str) -> Optional["StatsLine"]:
-        """The stats a log line reports, or None when the line is not a stats line; ValueError when malformed."""
-        fields = fields_after(line, PREFIX)
-        if fields is None:
-            return None
+    def from_fields(cls, fields: list) -> "StatsLine":
         values = dict(fields)
-        try:
-            ints = {name: int(values[name]) for name in _INTS}
-            raw = values["reasons"]
-            reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
+        ints = {name: int(values[name]) for name in _INTS}
+        raw = values["reasons"]
+        reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
         return cls(reasons=reasons, **ints)
-
-    @classmethod
-    def find_all(cls, text: str) -> list["StatsLine"]:
-        return [s for s in (cls.parse(line) for line in text.splitlines()) if s is not None]
 
 
 @dataclass

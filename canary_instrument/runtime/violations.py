@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
-from canary_instrument.runtime.loglines import fields_after
+from canary_instrument.runtime.loglines import LogLine
 from canary_instrument.runtime.state import GROUP_SWA, HALF_V, KERNEL_NAMES, REASON_NAMES
 
 PREFIX = "kv_canary violation:"
@@ -14,8 +14,11 @@ _HALF_NAMES = {0: "k", HALF_V: "v"}
 
 
 @dataclass(frozen=True)
-class Violation:
+class Violation(LogLine):
     """One failed check of one canary row, as a user reads it."""
+
+    PREFIX = PREFIX
+    LINE_NAME = "kv_canary violation"
 
     kernel: str  # "pre_forward" | "post_forward"
     group: str  # "full" | "swa"
@@ -54,31 +57,20 @@ class Violation:
         )
 
     @classmethod
-    def parse(cls, line: str) -> Optional["Violation"]:
-        """The violation a log line reports, or None when the line is not one."""
-        pairs = fields_after(line, PREFIX)
-        if pairs is None:
-            return None
-        fields = dict(pairs)
-        try:
-            return cls(
-                kernel=fields["kernel"],
-                group=fields["group"],
-                half=fields["half"],
-                slot=int(fields["slot"]),
-                position=int(fields["position"]),
-                stored=int(fields["stored"]),
-                expected=int(fields["expected"]),
-                reasons=frozenset(fields["reason"].split(",")),
-                req_pool_index=int(fields["req"]),
-                step=int(fields["step"]),
-            )
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed kv_canary violation line ({err}): {line!r}") from None
-
-    @classmethod
-    def find_all(cls, text: str) -> list["Violation"]:
-        return [v for v in (cls.parse(line) for line in text.splitlines()) if v is not None]
+    def from_fields(cls, fields: list) -> "Violation":
+        values = dict(fields)
+        return cls(
+            kernel=values["kernel"],
+            group=values["group"],
+            half=values["half"],
+            slot=int(values["slot"]),
+            position=int(values["position"]),
+            stored=int(values["stored"]),
+            expected=int(values["expected"]),
+            reasons=frozenset(values["reason"].split(",")),
+            req_pool_index=int(values["req"]),
+            step=int(values["step"]),
+        )
 
 
 def _reason_order(name: str) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from canary_instrument.runtime.loglines import fields_after
+from canary_instrument.runtime.loglines import LogLine
 
 PREFIX = "kv_canary_perturb="
 _CORE = ("step", "kind", "group", "half", "slot", "position", "req", "applied")
@@ -23,7 +23,9 @@ NO_GROUP = "-"
 
 
 @dataclass(frozen=True)
-class Injection:
+class Injection(LogLine):
+    PREFIX = PREFIX
+
     step: int
     kind: str
     slot: int  # the corrupted slot (its group's own index for group=swa); the old slot for req_to_token
@@ -45,27 +47,16 @@ class Injection:
         return head + "".join(f" {name}={value}" for name, value in self.extra)
 
     @classmethod
-    def parse(cls, line: str) -> Optional["Injection"]:
-        """The injection a log line reports, or None when the line is not one; ValueError when malformed."""
-        fields = fields_after(line, PREFIX)
-        if fields is None:
-            return None
+    def from_fields(cls, fields: list) -> "Injection":
         values = dict(fields)
-        try:
-            return cls(
-                step=int(values["step"]),
-                kind=values["kind"],
-                group=values["group"],
-                half=values["half"],
-                slot=int(values["slot"]),
-                position=int(values["position"]),
-                req=int(values["req"]),
-                applied=values["applied"] == "1",
-                extra=tuple((name, int(value)) for name, value in fields if name not in _CORE),
-            )
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
-
-    @classmethod
-    def find_all(cls, text: str) -> list["Injection"]:
-        return [i for i in (cls.parse(line) for line in text.splitlines()) if i is not None]
+        return cls(
+            step=int(values["step"]),
+            kind=values["kind"],
+            group=values["group"],
+            half=values["half"],
+            slot=int(values["slot"]),
+            position=int(values["position"]),
+            req=int(values["req"]),
+            applied=values["applied"] == "1",
+            extra=tuple((name, int(value)) for name, value in fields if name not in _CORE),
+        )
