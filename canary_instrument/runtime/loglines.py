@@ -22,6 +22,13 @@ class LogLine:
     PREFIX = ""
     LINE_NAME = ""  # what a malformed-line error calls it; PREFIX when empty
 
+    def fields(self) -> list:
+        """The line's ``(name, value)`` pairs, in order."""
+        raise NotImplementedError
+
+    def format(self) -> str:
+        return " ".join([self.PREFIX, *(f"{name}={value}" for name, value in self.fields())])
+
     @classmethod
     def from_fields(cls, fields: list) -> "LogLine":
         """The record of a line's ``(name, value)`` pairs; KeyError or ValueError when one is missing or bad."""

@@ -56,14 +56,10 @@ class StatsLine(LogLine):
     def reason_count(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
 
-    def format(self) -> str:
+    def fields(self) -> list:
         reasons = ",".join(f"{name}:{count}" for name, count in self.reasons) or "-"
-        return (
-            f"{PREFIX} step={self.step} tokens_protected={self.tokens_protected} verified={self.verified} "
-            f"written={self.written} pre_runs={self.pre_runs} post_runs={self.post_runs} "
-            f"violations={self.violations} reasons={reasons} swept={self.swept} sweep_passes={self.sweep_passes} "
-            f"sweep_pass_rows={self.sweep_pass_rows}"
-        )
+        return [*((name, getattr(self, name)) for name in _INTS[:7]), ("reasons", reasons),
+                *((name, getattr(self, name)) for name in _INTS[7:])]
 
     @classmethod
     def from_fields(cls, fields: list) -> "StatsLine":

@@ -48,13 +48,11 @@ class Violation(LogLine):
             step=step,
         )
 
-    def format(self) -> str:
+    def fields(self) -> list:
         reason = ",".join(sorted(self.reasons, key=_reason_order))
-        return (
-            f"{PREFIX} kernel={self.kernel} group={self.group} half={self.half} reason={reason} "
-            f"slot={self.slot} position={self.position} stored={self.stored} expected={self.expected} "
-            f"req={self.req_pool_index} step={self.step}"
-        )
+        return [("kernel", self.kernel), ("group", self.group), ("half", self.half), ("reason", reason),
+                ("slot", self.slot), ("position", self.position), ("stored", self.stored),
+                ("expected", self.expected), ("req", self.req_pool_index), ("step", self.step)]
 
     @classmethod
     def from_fields(cls, fields: list) -> "Violation":

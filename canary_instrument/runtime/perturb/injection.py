@@ -39,12 +39,10 @@ class Injection(LogLine):
     def get(self, name: str, default: Optional[int] = None) -> Optional[int]:
         return dict(self.extra).get(name, default)
 
-    def format(self) -> str:
-        head = (
-            f"{PREFIX} step={self.step} kind={self.kind} group={self.group} half={self.half} slot={self.slot} "
-            f"position={self.position} req={self.req} applied={int(self.applied)}"
-        )
-        return head + "".join(f" {name}={value}" for name, value in self.extra)
+    def fields(self) -> list:
+        return [("step", self.step), ("kind", self.kind), ("group", self.group), ("half", self.half),
+                ("slot", self.slot), ("position", self.position), ("req", self.req),
+                ("applied", int(self.applied)), *self.extra]
 
     @classmethod
     def from_fields(cls, fields: list) -> "Injection":
