@@ -257,22 +257,23 @@ def attach_host_pool(host_pool: Any) -> list:
     return list(sidecars.values())
 
 
+def _refuse_if_set(obj: Any, attribute: str, message: str) -> None:
+    """Refuse ``obj`` when it sets ``attribute``: ``message`` names its class at ``{name}``."""
+    if getattr(obj, attribute, None) is not None:
+        raise UnsupportedHiCacheError(message.format(name=type(obj).__qualname__))
+
+
 def _refuse_unfollowable(host_pool: Any) -> None:
-    name = type(host_pool).__qualname__
-    if getattr(host_pool, "shared_allocation_domain", None) is not None:
-        raise UnsupportedHiCacheError(
-            f"kv canary: host pool {name} shares a compacting allocation domain (shared_allocation_domain): its "
-            "host rows move without a backup or load, so a sidecar indexed by host slot would go stale"
-        )
+    _refuse_if_set(host_pool, "shared_allocation_domain",
+                   "kv canary: host pool {name} shares a compacting allocation domain (shared_allocation_domain): "
+                   "its host rows move without a backup or load, so a sidecar indexed by host slot would go stale")
 
 
 def _refuse_device_pool(device_pool: Any) -> None:
     name = type(device_pool).__qualname__
-    if getattr(device_pool, "host_transfer_translate", None) is not None:
-        raise UnsupportedHiCacheError(
-            f"kv canary: device pool {name} translates slot ids to buffer rows for host transfers "
-            "(host_transfer_translate), so the indices a backup or load sees are not canary row ids"
-        )
+    _refuse_if_set(device_pool, "host_transfer_translate",
+                   "kv canary: device pool {name} translates slot ids to buffer rows for host transfers "
+                   "(host_transfer_translate), so the indices a backup or load sees are not canary row ids")
     manager = guarding(device_pool)
     if manager is not None and any(g.group != GROUP_FULL for g in manager.state.groups):
         raise UnsupportedHiCacheError(

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from canary_instrument.runtime.perturb.settings import PerturbSettings, load_perturb_settings
+from canary_instrument.runtime.perturb.settings import PerturbSettings, int_at_least, load_perturb_settings
 
 MODES = ("none", "log", "raise")
 REAL_KV_MODES = ("none", "partial", "all")
@@ -86,23 +86,11 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
 
 
 def _non_negative_int(name: str, value: Any) -> int:
-    return _int_at_least(name, value, 0)
+    return int_at_least(name, value, 0)
 
 
 def _positive_int(name: str, value: Any) -> int:
-    return _int_at_least(name, value, 1)
-
-
-def _int_at_least(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    try:
-        number = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return number
+    return int_at_least(name, value, 1)
 
 
 def _jitter_max_us(name: str, value: Any) -> int:

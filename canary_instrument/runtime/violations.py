@@ -57,18 +57,9 @@ class Violation(LogLine):
     @classmethod
     def from_fields(cls, fields: list) -> "Violation":
         values = dict(fields)
-        return cls(
-            kernel=values["kernel"],
-            group=values["group"],
-            half=values["half"],
-            slot=int(values["slot"]),
-            position=int(values["position"]),
-            stored=int(values["stored"]),
-            expected=int(values["expected"]),
-            reasons=frozenset(values["reason"].split(",")),
-            req_pool_index=int(values["req"]),
-            step=int(values["step"]),
-        )
+        return cls(reasons=frozenset(values["reason"].split(",")), req_pool_index=int(values["req"]),
+                   **{name: values[name] for name in ("kernel", "group", "half")},
+                   **{name: int(values[name]) for name in ("slot", "position", "stored", "expected", "step")})
 
 
 def _reason_order(name: str) -> int:

@@ -152,3 +152,12 @@ def ring_records(kernel_id, group, req_pool, pos, slots, reasons, stored, expect
 
 def window_lo(state: CanaryState, batch: Batch) -> torch.Tensor:
     return (batch.prefix - state.swa_window).clamp(min=0)
+
+
+def reason_bits(*flags: tuple) -> torch.Tensor:
+    """Each entry's reason word: the bit of every ``(bad, bit)`` pair whose ``bad`` is set there."""
+    bad, bit = flags[0]
+    word = bad.long() * bit
+    for bad, bit in flags[1:]:
+        word = word + bad.long() * bit
+    return word

@@ -24,8 +24,8 @@ from ..state import (
     CanaryGroup,
     CanaryState,
 )
-from .slots import (Batch, Slots, check_fingerprints, checked_layers, fingerprint_words, incoming_link, resolve,
-                    ring_records)
+from .slots import (Batch, Slots, check_fingerprints, checked_layers, fingerprint_words, incoming_link,
+                    reason_bits, resolve, ring_records)
 
 
 def expected_tokens(state: CanaryState, kernel_id: int, batch: Batch, req: torch.Tensor,
@@ -76,16 +76,9 @@ def verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: Batch,
     bad_map = slots.full_ok & ~slots.map_ok
     unwritten = unwritten_fp | (ok & (row[:, 2] == 0))
     row_bits = ok & ((row[:, 0] >> 32) != 0)
-    reasons = (
-        bad_pos.long() * POSITION
-        + bad_link.long() * LINK
-        + bad_fp.long() * FINGERPRINT
-        + bad_token.long() * TOKEN
-        + bad_map.long() * SWA_UNMAPPED
-        + bad_pad.long() * PADDING_SLOT
-        + unwritten.long() * UNWRITTEN
-        + row_bits.long() * ROW_BITS
-    )
+    reasons = reason_bits((bad_pos, POSITION), (bad_link, LINK), (bad_fp, FINGERPRINT), (bad_token, TOKEN),
+                          (bad_map, SWA_UNMAPPED), (bad_pad, PADDING_SLOT), (unwritten, UNWRITTEN),
+                          (row_bits, ROW_BITS))
     # Request identity, write side, freed slots: docs/architecture.md, "Request identity and the write side".
     identity_bits, id_stored, id_expected = identity_and_write_side(
         state, group, kernel_id, batch, req, pos, slots, row)
