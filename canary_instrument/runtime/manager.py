@@ -40,7 +40,7 @@ from canary_instrument.runtime.sites import SITE_CONTEXT_TYPES, SiteCache, canar
 from canary_instrument.runtime.state import CanaryState
 from canary_instrument.runtime.stats import CanaryStats, StatsKeeper, StatsLine
 from canary_instrument.runtime.status import AT, SWA, SWEEP, PublishedWords, allocate_status
-from canary_instrument.runtime.steps import StepState
+from canary_instrument.runtime.steps import STEPS_REMEMBERED, StepState
 from canary_instrument.runtime.swa_divergence import swa_divergence_on_device
 from canary_instrument.runtime.violations import Violation
 
@@ -321,7 +321,8 @@ class CanaryManager:
             steps.planned += planned
         if not ok:
             return
-        steps.count_step()
+        steps.step = step = steps.step + 1
+        steps.totals[step % STEPS_REMEMBERED] = steps.planned
         self.end_step(forward_batch)
 
     def end_step(self, forward_batch: Any) -> None:

@@ -38,12 +38,6 @@ class StepState:
         self.token_oracle: Any = None
         self.published = published
 
-    def count_step(self) -> int:
-        """A clean forward's step has ended: count it; returns its number."""
-        self.step = step = self.step + 1
-        self.totals[step % STEPS_REMEMBERED] = self.planned
-        return step
-
     def step_of_pass(self, post_runs: int) -> int:
         """The step whose forwards include post-forward pass number ``post_runs`` (the current step when
         it is older than the steps remembered or not counted yet)."""
