@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from step_overhead import Case, timed_engine  # noqa: E402
 
 from canary_instrument.runtime import manager as M  # noqa: E402
+from canary_instrument.runtime.sites import Site  # noqa: E402
 
 
 def _key(site) -> str:
@@ -42,7 +43,7 @@ class Probe:
         self.counts = collections.Counter()
         self._entered = {}
         self.step_ends = 0
-        self._saved = (M._Site.__enter__, M._Site.__exit__, M.CanaryManager._step_end,
+        self._saved = (Site.__enter__, Site.__exit__, M.CanaryManager.end_step,
                        M.CanaryManager._poll_published)
 
     def __enter__(self):
@@ -78,12 +79,12 @@ class Probe:
             probe.counts[f"manager {manager.state.token_offset} poll"] += 1
             return poll(manager)
 
-        M._Site.__enter__, M._Site.__exit__ = timed_enter, timed_exit
-        M.CanaryManager._step_end, M.CanaryManager._poll_published = counted_step_end, counted_poll
+        Site.__enter__, Site.__exit__ = timed_enter, timed_exit
+        M.CanaryManager.end_step, M.CanaryManager._poll_published = counted_step_end, counted_poll
         return self
 
     def __exit__(self, *exc):
-        M._Site.__enter__, M._Site.__exit__, M.CanaryManager._step_end, M.CanaryManager._poll_published = self._saved
+        Site.__enter__, Site.__exit__, M.CanaryManager.end_step, M.CanaryManager._poll_published = self._saved
         return False
 
 

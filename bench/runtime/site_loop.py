@@ -38,7 +38,6 @@ def main() -> None:
                             ops=get_ops("cpu"),
                             device="cpu", num_single_forward=3)
     manager.mark_init_finished()
-    manager._enable_warner = None  # no forward runs here: nothing to warn about
     batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=8)  # what the sites read of a batch
 
     def decode():

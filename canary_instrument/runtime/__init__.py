@@ -5,16 +5,14 @@ The wiring helpers are torch-free; everything that needs torch is imported on fi
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
+from canary_instrument.runtime.lazy import lazy_attributes
 from canary_instrument.runtime.wiring import attach_radix_cache, canary_context, context_tuple, mark_init_finished
 
 _LAZY = {
     "install_canary": "canary_instrument.runtime.install",
     "CanaryManager": "canary_instrument.runtime.manager",
-    "SingleForwardManager": "canary_instrument.runtime.manager",
-    "CanaryStats": "canary_instrument.runtime.manager",
+    "SingleForwardManager": "canary_instrument.runtime.single_forward",
+    "CanaryStats": "canary_instrument.runtime.stats",
     "CanarySettings": "canary_instrument.runtime.settings",
     "load_settings": "canary_instrument.runtime.settings",
     "Violation": "canary_instrument.runtime.violations",
@@ -28,10 +26,4 @@ _LAZY = {
 __all__ = ["attach_radix_cache", "canary_context", "context_tuple", "mark_init_finished", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -8,10 +8,15 @@ waiting in a collective and a failure on one rank is raised on all of them.
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from canary_instrument.runtime.errors import CanaryHealthError, CanaryViolationError
+
+logger = logging.getLogger("canary_instrument.runtime")
 
 # Per-rank record: violations so far, unhealthy flag, slots written so far.
 _FIELDS = 3
@@ -107,3 +112,47 @@ def _wait_released(refs: list) -> None:
     deadline = time.monotonic() + _RELEASE_TIMEOUT_S
     while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
         time.sleep(0.0005)
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    """What one exchange found: the unhealthy ranks, and the ranks with violations when any are new."""
+
+    step: int
+    sick: list
+    total: int
+    new_on: Optional[list]  # ranks with violations, when the total grew since the last exchange
+
+    def raise_if_bad(self, raise_mode: bool) -> None:
+        """Every rank raises what any rank found (raise mode: violations too)."""
+        if self.sick:
+            raise CanaryHealthError(
+                f"kv canary health check failed on rank(s) {self.sick} (combined at step {self.step})")
+        if raise_mode and self.new_on is not None:
+            raise CanaryViolationError(
+                [], [f"kv_canary violations on rank(s) {self.new_on}: {self.total} in all ranks"])
+
+
+class RankCheck:
+    """The cross-rank check of one manager: a collective every ``interval`` steps, the same steps on every rank."""
+
+    def __init__(self, group: Any, interval: int):
+        self._group = group
+        self.interval = interval
+        self._total_seen = 0
+
+    def exchange(self, step: int, violations: int, unhealthy: bool, written: int) -> RankVerdict:
+        """Gather every rank's figures (a collective) and log the combined line on the lowest rank."""
+        import torch.distributed as dist
+
+        reports = combine(self._group, violations, unhealthy, written)
+        total = sum(r.violations for r in reports)
+        grew = total > self._total_seen
+        self._total_seen = total
+        sick = [r.rank for r in reports if r.unhealthy]
+        if dist.get_rank() == min(r.rank for r in reports):
+            logger.info(
+                "kv_canary ranks: step=%d ranks=%d violations=%d written=%d unhealthy_ranks=%s",
+                step, len(reports), total, sum(r.written for r in reports), sick,
+            )
+        return RankVerdict(step, sick, total, [r.rank for r in reports if r.violations > 0] if grew else None)

@@ -56,9 +56,8 @@ class SampledTokens:
     The table holds, per req-pool row, the token the sampler last produced for it (-1 = none). The host
     never writes it: a sample is one copy of the sampler's output into ``staging`` (in the batch's order),
     and the next pre-forward pass files it under the rows the sampled forward's own pre-forward pass left
-    in ``rows``. On alternate steps of one running engine (H100) the copy into a cached view took
-    13-14 us of host time where the ``index_copy_`` by row it replaced took 20-22 us
-    (bench/runtime/probe_record.py, bench/runtime/RESULTS.md).
+    in ``rows``. The copy into a cached view costs less host time than an ``index_copy_`` by row
+    (bench/runtime/RESULTS.md, ``probe_record.py``).
     """
 
     def __init__(self, max_reqs: int, device: Any):
@@ -69,22 +68,45 @@ class SampledTokens:
         self.staging = torch.full((int(max_reqs),), -1, dtype=torch.int32, device=device)
         self.rows = torch.zeros((int(max_reqs) + 1,), dtype=torch.int64, device=device)
         self.views: dict[int, Any] = {}  # batch size -> staging[:n], made once (``view``)
+        self.recording = False  # set by the manager once init has finished: warm-up samples are skipped
 
     def view(self, n: int) -> Any:
         """``staging[:n]``, cached; None for more requests than req-pool rows (not a batch this pool served).
-        A sample is one device op into it: ``view.copy_(next_token_ids)`` (CanaryManager.record_sampled)."""
+        A sample is one device op into it: ``view.copy_(next_token_ids)`` (``record``)."""
         view = self.views.get(n)
         if view is None and n <= self.staging.shape[0]:
             view = self.views[n] = self.staging[:n]
         return view
 
+    def record(self, forward_batch: Any, next_token_ids: Any) -> None:
+        """After ``model_runner.sample``: stage each request's sampled token (one device copy; the next
+        pre-forward pass files it under the request's req-pool row). Skipped before init (warm-up samples)
+        and for outputs that are not one token per request of the batch the forward ran."""
+        if not self.recording:
+            return
+        # Plain attribute reads, no getattr with a default and no len() of a tensor (Tensor.__len__ is
+        # Python): this runs after every sample with the host's caches cold, where each call costs.
+        try:
+            shape = next_token_ids.shape
+            if len(shape) != 1 or shape[0] != forward_batch.req_pool_indices.shape[0]:
+                return
+        except AttributeError:  # no batch, no rows, or not a tensor
+            return
+        view = self.views.get(shape[0])
+        if view is None:
+            view = self.view(shape[0])
+            if view is None:
+                return
+        view.copy_(next_token_ids)  # the one device op; the next pre-forward pass files it
 
-def wrap_sample(model_runner: Any, manager: Any) -> bool:
+
+def wrap_sample(model_runner: Any, sampled: SampledTokens) -> bool:
     """Wrap ``model_runner.sample`` (on the instance) so each sample is recorded; False when the
     runner has no ``sample`` method (then the target has no sampled-token check)."""
     original, owner = unbind(model_runner, "sample")
     if original is None:
         return False
+    record = sampled.record
     if getattr(original, _SAMPLE_MARK, False):
         raise ValueError(
             f"kv canary: {type(model_runner).__qualname__}.sample is already wrapped by a canary"
@@ -95,7 +117,7 @@ def wrap_sample(model_runner: Any, manager: Any) -> bool:
             next_token_ids = original(logits_output, forward_batch, *args, **kwargs)
         else:
             next_token_ids = original(owner(), logits_output, forward_batch, *args, **kwargs)
-        manager.record_sampled(forward_batch, next_token_ids)
+        record(forward_batch, next_token_ids)
         return next_token_ids
 
     # The original's name and doc, not its __wrapped__ (a bound method: a reference cycle, instance_wrap.py).

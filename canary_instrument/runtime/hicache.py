@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import inspect
 import logging
-import types
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from canary_instrument.runtime.hicache_find import (  # noqa: F401 - the finding half, re-exported
+    _TRANSFER_PARAMS,
+    BACKUP_NAMES,
+    LOAD_NAMES,
+    HostTransfer,
+    controllers,
+    find_host_pools,
+    host_transfers,
+)
 from canary_instrument.runtime.instance_wrap import remember, unbind
 from canary_instrument.runtime.state import GROUP_FULL
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 _MARK = "__kv_canary_hicache__"
-# Backup (device -> host, all layers) and per-layer load (host -> device), by rank: the entry point the
-# transfer engine calls first (releases with a physical-index layer call the plain method from it, so only
-# one of each pair is wrapped: wrapping both would copy the rows twice).
-BACKUP_NAMES = ("backup_from_device_all_layer_physical", "backup_from_device_all_layer")
-LOAD_NAMES = ("load_to_device_per_layer_physical", "load_to_device_per_layer")
-_TRANSFER_PARAMS = ("device_pool", "host_indices", "device_indices")
 
 STORAGE_REFUSAL = (
     "HiCache's storage tier moves pages between the host pool and a storage backend by the host pool's own "
@@ -82,87 +83,6 @@ def guarding(pool: Any) -> Optional[Any]:
     if entry is None or entry[0]() is not pool:
         return None
     return entry[1]()
-
-
-@dataclass
-class HostTransfer:
-    """One wrapped transfer method: where its device pool, indices and layer sit among the arguments."""
-
-    name: str
-    positions: dict  # parameter name -> positional index (self excluded)
-    per_layer: bool
-
-    def argument(self, args: tuple, kwargs: dict, name: str) -> Any:
-        index = self.positions[name]
-        return args[index] if index < len(args) else kwargs.get(name)
-
-
-def _transfer_shape(obj: Any, name: str, per_layer: bool) -> Optional[HostTransfer]:
-    method = getattr(obj, name, None)
-    if not callable(method):
-        return None
-    try:
-        params = [p.name for p in inspect.signature(method).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return None
-    needed = _TRANSFER_PARAMS + (("layer_id",) if per_layer else ())
-    if not all(p in params for p in needed):
-        return None
-    if not per_layer and "layer_id" in params:
-        return None
-    return HostTransfer(name, {p: params.index(p) for p in needed}, per_layer)
-
-
-def host_transfers(obj: Any) -> Optional[tuple[HostTransfer, HostTransfer]]:
-    """(backup, load) of a host pool: holds host KV and moves it with host and device indices; else None."""
-    if getattr(obj, "kv_buffer", None) is None:
-        return None
-    backup = next((t for t in (_transfer_shape(obj, n, False) for n in BACKUP_NAMES) if t), None)
-    load = next((t for t in (_transfer_shape(obj, n, True) for n in LOAD_NAMES) if t), None)
-    return (backup, load) if backup and load else None
-
-
-# Values the walk neither inspects nor enters: scalars, and classes and modules (engine objects reference
-# module-level namespaces, such as torch's op registries, whose attribute lookups have side effects).
-_NOT_WALKED = (str, bytes, int, float, bool, type, types.ModuleType)
-
-
-def _is_host_pool(obj: Any) -> bool:
-    try:
-        return host_transfers(obj) is not None
-    except Exception:  # an attribute lookup that raises: whatever it is, it is no host pool
-        return False
-
-
-def find_host_pools(tree_cache: Any) -> list:
-    """Host pools reachable from the prefix cache through attributes and lists (the cache controller's host
-    pool, a host pool group's entries), host-named attributes first; each pool once."""
-    # Breadth first, without a recursive closure (one would be a reference cycle holding what it found).
-    found, seen, level = [], set(), [tree_cache]
-    for depth in range(5):
-        below = []
-        for obj in level:
-            if obj is None or id(obj) in seen or isinstance(obj, _NOT_WALKED):
-                continue
-            seen.add(id(obj))
-            if _is_host_pool(obj):
-                found.append(obj)
-                continue
-            members = getattr(obj, "__dict__", None)
-            if depth == 4 or not isinstance(members, dict):
-                continue
-            for _, value in sorted(members.items(), key=lambda item: ("host" not in item[0], item[0])):
-                below.extend(value if isinstance(value, (list, tuple)) else (value,))
-        level = below
-    return found
-
-
-def controllers(tree_cache: Any) -> list:
-    """HiCache's cache controllers under the prefix cache: the objects that hold its host pool
-    (``mem_pool_host``), the cache itself included."""
-    members = getattr(tree_cache, "__dict__", {})
-    return [obj for obj in (tree_cache, *members.values()) if getattr(obj, "mem_pool_host", None) is not None]
 
 
 class HostSidecar:
@@ -337,22 +257,23 @@ def attach_host_pool(host_pool: Any) -> list:
     return list(sidecars.values())
 
 
+def _refuse_if_set(obj: Any, attribute: str, message: str) -> None:
+    """Refuse ``obj`` when it sets ``attribute``: ``message`` names its class at ``{name}``."""
+    if getattr(obj, attribute, None) is not None:
+        raise UnsupportedHiCacheError(message.format(name=type(obj).__qualname__))
+
+
 def _refuse_unfollowable(host_pool: Any) -> None:
-    name = type(host_pool).__qualname__
-    if getattr(host_pool, "shared_allocation_domain", None) is not None:
-        raise UnsupportedHiCacheError(
-            f"kv canary: host pool {name} shares a compacting allocation domain (shared_allocation_domain): its "
-            "host rows move without a backup or load, so a sidecar indexed by host slot would go stale"
-        )
+    _refuse_if_set(host_pool, "shared_allocation_domain",
+                   "kv canary: host pool {name} shares a compacting allocation domain (shared_allocation_domain): "
+                   "its host rows move without a backup or load, so a sidecar indexed by host slot would go stale")
 
 
 def _refuse_device_pool(device_pool: Any) -> None:
     name = type(device_pool).__qualname__
-    if getattr(device_pool, "host_transfer_translate", None) is not None:
-        raise UnsupportedHiCacheError(
-            f"kv canary: device pool {name} translates slot ids to buffer rows for host transfers "
-            "(host_transfer_translate), so the indices a backup or load sees are not canary row ids"
-        )
+    _refuse_if_set(device_pool, "host_transfer_translate",
+                   "kv canary: device pool {name} translates slot ids to buffer rows for host transfers "
+                   "(host_transfer_translate), so the indices a backup or load sees are not canary row ids")
     manager = guarding(device_pool)
     if manager is not None and any(g.group != GROUP_FULL for g in manager.state.groups):
         raise UnsupportedHiCacheError(

@@ -118,7 +118,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         # Before the sampled-token wrap: that one records the oracle's tokens, not the model's.
         install_token_oracle(model_runner, manager, settings, server_args)
     if sampled is not None:
-        wrap_sample(model_runner, manager)
+        wrap_sample(model_runner, sampled)
     if not is_draft:
         register_target(req_to_token, manager)
     logger.info("kv canary installed: mode=%s real_data=%s pool=%s", settings.mode, settings.real_kv, attached.description)

@@ -1,9 +1,9 @@
 """Tagged status snapshots read late without ever blocking: one async copy, read when done.
 
 Violations reach the host without these (the post-forward passes publish into host-visible
-memory, manager.py); a snapshot ties the status to a step for the health check, the stats line
+memory, status.py); a snapshot ties the status to a step for the health check, the stats line
 and the SWA line. At the end of a snapshot step N the current stream copies the small status
-vector (ring count, run counters, verify counts, SWA divergence; ``manager.STATUS``) into a
+vector (ring count, run counters, verify counts, SWA divergence; ``status.STATUS``) into a
 pinned host slot with one non-blocking copy and records an event. At the end of a later step the host takes the oldest
 slot whose event has completed (``Event.query``, never a wait); a slot whose copy is not done
 yet simply stays pending. The counters are cumulative, so a snapshot that is read late or not
@@ -65,7 +65,7 @@ class DelayedReadback:
 
     def _current_stream(self) -> Any:
         """The current CUDA stream, rebuilt only when it changes (``torch.cuda.current_stream()`` costs
-        several microseconds of Python per call)."""
+        many times the raw stream query per call: bench/runtime/RESULTS.md, ``host_ops.py``)."""
         import torch
 
         key = torch._C._cuda_getCurrentStream(self._device_index)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from canary_instrument.runtime.perturb.settings import PerturbSettings, load_perturb_settings
+from canary_instrument.runtime.perturb.settings import PerturbSettings, int_at_least, load_perturb_settings
 
 MODES = ("none", "log", "raise")
 REAL_KV_MODES = ("none", "partial", "all")
@@ -46,9 +46,10 @@ class CanarySettings:
     dist_interval: int = 16  # [kv_canary_dist_interval / KV_CANARY_DIST_INTERVAL] steps between cross-rank checks
     # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between tagged status snapshots
     # (one async copy and an event each): the health check, and stats/SWA figures between their own
-    # lines, come back within this many steps. Violations do not wait for it (manager.py). 64: a step that
-    # takes or reads a snapshot costs 31-67 us of host time on an H100 (bench/runtime/RESULTS.md), and a
-    # draft manager counts two steps per EAGLE step; a lost bracket still raises within a second or so.
+    # lines, come back within this many steps. Violations do not wait for it (status.py). 64: a step that
+    # takes or reads a snapshot costs many times a clean step's host time (bench/runtime/RESULTS.md, per
+    # site in place), and a draft manager counts two steps per EAGLE step; a lost bracket still raises
+    # within a second or so.
     readback_interval: int = 64
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off
@@ -85,23 +86,11 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
 
 
 def _non_negative_int(name: str, value: Any) -> int:
-    return _int_at_least(name, value, 0)
+    return int_at_least(name, value, 0)
 
 
 def _positive_int(name: str, value: Any) -> int:
-    return _int_at_least(name, value, 1)
-
-
-def _int_at_least(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    try:
-        number = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return number
+    return int_at_least(name, value, 1)
 
 
 def _jitter_max_us(name: str, value: Any) -> int:

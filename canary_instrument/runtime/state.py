@@ -159,7 +159,7 @@ class CanaryState:
     status: Optional["torch.Tensor"] = None
     # int64 [n + slots], host-visible (pinned host memory on CUDA): every post-forward pass leaves a copy
     # of ``status`` in [0, n), then the packed word ``ring_count & 0xFFFFFFFF | post_runs << 32`` in one
-    # store at [n + post_runs % slots], so the host reads results with no device op (manager.py).
+    # store at [n + post_runs % slots], so the host reads results with no device op (status.py).
     # None: no publish.
     published: Optional["torch.Tensor"] = None
     publish_done: Optional["torch.Tensor"] = None  # int64 [1] device: programs of the running pass checked in

@@ -23,23 +23,24 @@ or every batch since init planned nothing.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
+from canary_instrument.runtime.loglines import LogLine
 from canary_instrument.runtime.state import REASON_NAMES
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 PREFIX = "kv_canary_stats="
-_FIELD = re.compile(r"(\w+)=(\S+)")
 _INTS = ("step", "tokens_protected", "verified", "written", "pre_runs", "post_runs", "violations", "swept",
          "sweep_passes", "sweep_pass_rows")
 _REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
 
 
 @dataclass(frozen=True)
-class StatsLine:
+class StatsLine(LogLine):
+    PREFIX = PREFIX
+
     step: int
     verified: int
     written: int
@@ -55,33 +56,18 @@ class StatsLine:
     def reason_count(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
 
-    def format(self) -> str:
+    def fields(self) -> list:
         reasons = ",".join(f"{name}:{count}" for name, count in self.reasons) or "-"
-        return (
-            f"{PREFIX} step={self.step} tokens_protected={self.tokens_protected} verified={self.verified} "
-            f"written={self.written} pre_runs={self.pre_runs} post_runs={self.post_runs} "
-            f"violations={self.violations} reasons={reasons} swept={self.swept} sweep_passes={self.sweep_passes} "
-            f"sweep_pass_rows={self.sweep_pass_rows}"
-        )
+        return [*((name, getattr(self, name)) for name in _INTS[:7]), ("reasons", reasons),
+                *((name, getattr(self, name)) for name in _INTS[7:])]
 
     @classmethod
-    def parse(cls, line: str) -> Optional["StatsLine"]:
-        """The stats a log line reports, or None when the line is not a stats line; ValueError when malformed."""
-        at = line.find(PREFIX)
-        if at < 0:
-            return None
-        values = dict(_FIELD.findall(line[at + len(PREFIX):]))
-        try:
-            ints = {name: int(values[name]) for name in _INTS}
-            raw = values["reasons"]
-            reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
+    def from_fields(cls, fields: list) -> "StatsLine":
+        values = dict(fields)
+        ints = {name: int(values[name]) for name in _INTS}
+        raw = values["reasons"]
+        reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
         return cls(reasons=reasons, **ints)
-
-    @classmethod
-    def find_all(cls, text: str) -> list["StatsLine"]:
-        return [s for s in (cls.parse(line) for line in text.splitlines()) if s is not None]
 
 
 @dataclass
@@ -139,3 +125,65 @@ class EnableWarner:
         self.warned = message
         logger.warning("%s", message)
         return message
+
+
+@dataclass(frozen=True)
+class CanaryStats:
+    """Cumulative figures as of the last snapshot the host has read."""
+
+    steps: int  # forward steps (outside contexts completed after init finished)
+    tokens_protected: int  # tokens whose KV now carries canary rows (written / rows per token)
+    verified: int  # entries verified (all groups and halves)
+    written: int  # canary rows written by pre-forward, summed over groups and halves
+    pre_runs: int
+    post_runs: int
+    violations: int
+
+    def format(self) -> str:
+        return (
+            f"kv_canary stats: steps={self.steps} tokens_protected={self.tokens_protected} "
+            f"verified={self.verified} written={self.written} pre_runs={self.pre_runs} "
+            f"post_runs={self.post_runs} violations={self.violations}"
+        )
+
+
+class StatsKeeper:
+    """The last status snapshot read, as ``CanaryStats`` and as the periodic stats line."""
+
+    def __init__(self, *, interval: int, rows_per_token: int, swept_at: int):
+        self.interval = interval  # steps between stats lines; 0 = none
+        self._rows_per_token = rows_per_token  # every written token gets one row per (group, half)
+        self._swept_at = swept_at  # the sweep's row counter in the status vector
+        self.values: Any = None  # numpy copy of the last status snapshot read
+        self._step = 0  # the step that snapshot belongs to
+        self._logged_step = 0  # flush() re-reads the current step; its line is logged once
+
+    def keep(self, values: Any, step: int) -> None:
+        self.values = values.copy()
+        self._step = step
+
+    def last(self, seen: int) -> CanaryStats:
+        """The figures of the last snapshot; violations read from the published words (``seen``) may be ahead."""
+        if self.values is None:
+            return CanaryStats(0, 0, 0, 0, 0, 0, seen)
+        count, pre_runs, post_runs, verified, written = (int(v) for v in self.values[:5])
+        return CanaryStats(self._step, written // self._rows_per_token, verified, written, pre_runs, post_runs,
+                           max(count, seen))
+
+    def line(self, last: CanaryStats, reasons: tuple, progress: Optional[tuple]) -> StatsLine:
+        """The stats line of ``last``, with the sweep's (passes, rows in the current pass) ``progress``."""
+        swept = int(self.values[self._swept_at]) if self.values is not None else 0
+        passes, pass_rows = progress if progress is not None else (0, 0)
+        return StatsLine(
+            step=last.steps, tokens_protected=last.tokens_protected, verified=last.verified, written=last.written,
+            pre_runs=last.pre_runs, post_runs=last.post_runs, violations=last.violations,
+            reasons=reasons, swept=swept, sweep_passes=passes, sweep_pass_rows=pass_rows,
+        )
+
+    def line_due(self, step: int) -> bool:
+        """Whether the snapshot of ``step`` logs a stats line (once per interval)."""
+        interval = self.interval
+        if interval and step // interval > self._logged_step // interval:
+            self._logged_step = step
+            return True
+        return False

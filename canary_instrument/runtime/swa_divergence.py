@@ -1,4 +1,4 @@
-"""The SWA divergence reporter (seed 004): how far the SWA group's view drifts from the FULL group's.
+"""The SWA divergence reporter: how far the SWA group's view drifts from the FULL group's.
 
 Per forward the kernels count verified entries of each group on device; every ``interval``
 steps the reporter computes, on device, how many live slots the SWA allocator remapped and how
@@ -63,3 +63,13 @@ def swa_divergence_on_device(mapping: Any, seq_lens: Any, window: int) -> Any:
     else:
         out_of_window = (seq_lens.to(torch.int64) - window).clamp(min=0).sum()
     return torch.stack([remapped.to(torch.int64), out_of_window.to(torch.int64)])
+
+
+def swa_log_from_status(step: int, values: Any) -> SwaDivergenceLog:
+    """The reporter line of a status snapshot (``status.STATUS`` values) taken at ``step``."""
+    from canary_instrument.runtime.status import GROUP_VERIFIED, SWA
+
+    verify_full, verify_swa = (int(v) for v in values[GROUP_VERIFIED])
+    remapped, out_of_window = (int(v) for v in values[SWA])
+    return SwaDivergenceLog(forward_ct=step, verify_full=verify_full, verify_swa=verify_swa,
+                            swa_full_idx_divergence=remapped, swa_out_of_window_tokens=out_of_window)

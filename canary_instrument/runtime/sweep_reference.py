@@ -31,6 +31,7 @@ import torch
 from ..codegen.specs import PARTIAL_WORDS
 from . import hashing
 from .reference import check_fingerprints
+from .reference.slots import reason_bits
 from .state import (
     FINGERPRINT,
     FREED,
@@ -99,15 +100,8 @@ def sweep(state: CanaryState, buffers: SweepBuffers) -> None:
         bad_link = ok & check_link & (row[:, 2] != expected_link)
         bad_map = live & g_full_ok & ~map_ok
         bad_pad = live & ~full_ok
-        reasons = (
-            bad_pos.long() * POSITION
-            + bad_link.long() * LINK
-            + bad_fp.long() * FINGERPRINT
-            + bad_map.long() * SWA_UNMAPPED
-            + bad_pad.long() * PADDING_SLOT
-            + unwritten.long() * UNWRITTEN
-            + row_bits.long() * ROW_BITS
-        )
+        reasons = reason_bits((bad_pos, POSITION), (bad_link, LINK), (bad_fp, FINGERPRINT), (bad_map, SWA_UNMAPPED),
+                              (bad_pad, PADDING_SLOT), (unwritten, UNWRITTEN), (row_bits, ROW_BITS))
         # A freed row the cache still holds: FREED, not POSITION (a cache that frees what it keeps).
         freed = ok & (row[:, 1] == FREED_POSITION)
         reasons = torch.where(freed, (reasons & ~POSITION) | FREED, reasons)

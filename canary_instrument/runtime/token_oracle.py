@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 from canary_instrument.runtime.hashing import as_signed, mix64_int
 from canary_instrument.runtime.instance_wrap import remember, unbind

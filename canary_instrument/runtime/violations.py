@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
+from canary_instrument.runtime.loglines import LogLine
 from canary_instrument.runtime.state import GROUP_SWA, HALF_V, KERNEL_NAMES, REASON_NAMES
 
 PREFIX = "kv_canary violation:"
 _GROUP_NAMES = {0: "full", GROUP_SWA: "swa"}
 _HALF_NAMES = {0: "k", HALF_V: "v"}
-_FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass(frozen=True)
-class Violation:
+class Violation(LogLine):
     """One failed check of one canary row, as a user reads it."""
+
+    PREFIX = PREFIX
+    LINE_NAME = "kv_canary violation"
 
     kernel: str  # "pre_forward" | "post_forward"
     group: str  # "full" | "swa"
@@ -46,40 +48,18 @@ class Violation:
             step=step,
         )
 
-    def format(self) -> str:
+    def fields(self) -> list:
         reason = ",".join(sorted(self.reasons, key=_reason_order))
-        return (
-            f"{PREFIX} kernel={self.kernel} group={self.group} half={self.half} reason={reason} "
-            f"slot={self.slot} position={self.position} stored={self.stored} expected={self.expected} "
-            f"req={self.req_pool_index} step={self.step}"
-        )
+        return [("kernel", self.kernel), ("group", self.group), ("half", self.half), ("reason", reason),
+                ("slot", self.slot), ("position", self.position), ("stored", self.stored),
+                ("expected", self.expected), ("req", self.req_pool_index), ("step", self.step)]
 
     @classmethod
-    def parse(cls, line: str) -> Optional["Violation"]:
-        """The violation a log line reports, or None when the line is not one."""
-        at = line.find(PREFIX)
-        if at < 0:
-            return None
-        fields = dict(_FIELD.findall(line[at + len(PREFIX) :]))
-        try:
-            return cls(
-                kernel=fields["kernel"],
-                group=fields["group"],
-                half=fields["half"],
-                slot=int(fields["slot"]),
-                position=int(fields["position"]),
-                stored=int(fields["stored"]),
-                expected=int(fields["expected"]),
-                reasons=frozenset(fields["reason"].split(",")),
-                req_pool_index=int(fields["req"]),
-                step=int(fields["step"]),
-            )
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed kv_canary violation line ({err}): {line!r}") from None
-
-    @classmethod
-    def find_all(cls, text: str) -> list["Violation"]:
-        return [v for v in (cls.parse(line) for line in text.splitlines()) if v is not None]
+    def from_fields(cls, fields: list) -> "Violation":
+        values = dict(fields)
+        return cls(reasons=frozenset(values["reason"].split(",")), req_pool_index=int(values["req"]),
+                   **{name: values[name] for name in ("kernel", "group", "half")},
+                   **{name: int(values[name]) for name in ("slot", "position", "stored", "expected", "step")})
 
 
 def _reason_order(name: str) -> int:

@@ -5,14 +5,10 @@ Nothing here imports torch, so the wiring can be imported (and the canary left o
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, ContextManager, Iterable, Optional
+from typing import Any, ContextManager, Optional
 
-NULL_CONTEXT = contextlib.nullcontext()  # reusable and reentrant: a site without a manager enters nothing
-# Manager classes (ours registers itself) that keep reusable site contexts: ``manager.recent_sites`` maps
-# ``active`` to the context last made for it, whose ``listing``, ``index``, ``busy`` and ``batch`` say which
-# call it serves; ``manager.site_context(forward_batch, outside, active)`` makes (or finds) one otherwise.
-SITE_CONTEXT_TYPES: set = set()
+# canary_context and the reusable sites it returns live with their cache (sites.py); re-exported here.
+from canary_instrument.runtime.sites import NULL_CONTEXT, SITE_CONTEXT_TYPES, canary_context  # noqa: F401
 
 
 class context_tuple:  # noqa: N801 - named like the sglang helper it replaces
@@ -65,55 +61,6 @@ def _leave(entered: list, exc_type, exc, tb) -> bool:
     if raised is not None:
         raise raised
     return suppressed
-
-
-def canary_context(
-    manager: Any,
-    forward_batch: Any = None,
-    *,
-    outside: Optional[Iterable[int]] = None,
-    active: Optional[int] = None,
-) -> ContextManager[Any]:
-    """The context a wired site enters: a null context without a manager, else the manager's phases
-    (``with_ops_outside_graph`` for ``outside``, then ``with_active_single_forward_manager(active)``).
-    A manager that offers ``site_context`` (ours) gives both in one reusable object; another engine's
-    manager gets the pair of its own contexts."""
-    if manager is None:
-        return NULL_CONTEXT
-    if type(manager) in SITE_CONTEXT_TYPES:
-        # Reuse the site `active` had last when the listing is the same, without a call or a key: a wired
-        # site runs once per step with the host's caches cold, where each call costs microseconds.
-        # Exact ints only: 1.0 equals 1 but is no sub-forward index, so site_context validates it.
-        try:
-            site = manager.recent_sites.get(active)
-        except TypeError:  # an unhashable `active`: site_context reports it
-            site = None
-        if site is not None and site.index is active and not site.busy:
-            listing = site.listing
-            if listing is outside or (type(outside) is list and listing == outside):
-                for i in outside or ():
-                    if type(i) is not int:
-                        break
-                else:
-                    site.batch = forward_batch
-                    return site
-        return manager.site_context(forward_batch, outside, active)
-    site_context = getattr(manager, "site_context", None)
-    if site_context is not None:
-        return site_context(forward_batch, outside, active)
-    cms = []
-    if outside is not None:
-        cms.append(
-            manager.with_ops_outside_graph(
-                single_forward_indices=outside if type(outside) is list else list(outside),
-                maybe_inaccurate_forward_batch=forward_batch,
-            )
-        )
-    if active is not None:
-        cms.append(manager.with_active_single_forward_manager(active))
-    if not cms:
-        return NULL_CONTEXT
-    return cms[0] if len(cms) == 1 else context_tuple(*cms)
 
 
 def mark_init_finished(manager: Any) -> None:

@@ -302,7 +302,7 @@ class RecordingOps:
         self.calls.append(
             dict(
                 kernel=kernel,
-                index=self.manager._active.index,
+                index=self.manager.steps.active.index,
                 enabled=int(plan.enabled[0]),
                 **plan_rows(plan),
                 model_calls=self.model.forward_calls,

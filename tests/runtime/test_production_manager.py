@@ -98,5 +98,5 @@ def test_with_a_readback_interval_stats_steps_force_a_snapshot_and_the_line_carr
         assert (line.sweep_passes, line.sweep_pass_rows) == by_step[line.step]
         assert line.pre_runs == line.post_runs == line.step and line.violations == 0
     assert lines[-1].swept > 0 and max(line.sweep_passes for line in lines) >= 1
-    assert manager._enable_warner is None  # settled: kernels were seen running
+    assert manager.health.warning_done  # settled: kernels were seen running
     assert [r for r in canary_log.records if r.levelname in ("WARNING", "ERROR")] == []

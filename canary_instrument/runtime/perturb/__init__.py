@@ -9,9 +9,7 @@ same kinds. The settings, the log line and the scorer import no torch.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
+from canary_instrument.runtime.lazy import lazy_attributes
 from canary_instrument.runtime.perturb.injection import Injection
 from canary_instrument.runtime.perturb.score import Score, score, score_log
 from canary_instrument.runtime.perturb.settings import KINDS, PerturbSettings, load_perturb_settings
@@ -25,10 +23,4 @@ _LAZY = {
 __all__ = ["KINDS", "Injection", "PerturbSettings", "Score", "load_perturb_settings", "score", "score_log", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -13,11 +13,11 @@ Neither is restored: the rows are the canary's alone, and a later write of the s
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from canary_instrument.runtime.layers import fingerprint_table, layer_count
-from canary_instrument.runtime.perturb.base import GROUP_NAMES, HALF_NAMES, KindContext, Planned
-from canary_instrument.runtime.perturb.real_kv import _flip, _resolve, _rotation, used_target
+from canary_instrument.runtime.perturb.base import GROUP_NAMES, HALF_NAMES, Planned
+from canary_instrument.runtime.perturb.real_kv import UsedRowKind, _flip, _resolve
 
 
 def _rewrite_word(table: Any, column: int, slot: Any, valid: Any, change) -> None:
@@ -30,17 +30,13 @@ def _rewrite_word(table: Any, column: int, slot: Any, valid: Any, change) -> Non
     table.index_copy_(0, index, row)
 
 
-class FingerprintZeroed:
+class FingerprintZeroed(UsedRowKind):
     name = "fingerprint_zeroed"
-    hook = "before_forward"
+    rotate = True
 
-    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
+    def corrupt(self, ctx, step, group, full_slot, position, device, valid):
         import torch
 
-        found = used_target(ctx, forward_batch, forwards=_rotation(ctx))
-        if found is None:
-            return None
-        group, full_slot, position, device, valid = found
         layer = ctx.rng.randrange(layer_count(group))
         slot, resolved = _resolve(ctx.state, group, full_slot)
         ok = resolved if valid is None else resolved & valid
@@ -49,15 +45,10 @@ class FingerprintZeroed:
         return _flip(ctx, self.name, step, group, full_slot, position, device, restore=False, valid=valid, layer=layer)
 
 
-class RowHighBit:
+class RowHighBit(UsedRowKind):
     name = "row_high_bit"
-    hook = "before_forward"
 
-    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        found = used_target(ctx, forward_batch)
-        if found is None:
-            return None
-        group, full_slot, position, device, valid = found
+    def corrupt(self, ctx, step, group, full_slot, position, device, valid):
         slot, resolved = _resolve(ctx.state, group, full_slot)
         ok = resolved if valid is None else resolved & valid
         bit = ctx.rng.randrange(32, 64)

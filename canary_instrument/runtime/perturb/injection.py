@@ -12,18 +12,20 @@ nothing and is not scored. Kind-specific fields follow (``new_slot``, ``byte``, 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
+from canary_instrument.runtime.loglines import LogLine
+
 PREFIX = "kv_canary_perturb="
-_FIELD = re.compile(r"(\w+)=(\S+)")
 _CORE = ("step", "kind", "group", "half", "slot", "position", "req", "applied")
 NO_GROUP = "-"
 
 
 @dataclass(frozen=True)
-class Injection:
+class Injection(LogLine):
+    PREFIX = PREFIX
+
     step: int
     kind: str
     slot: int  # the corrupted slot (its group's own index for group=swa); the old slot for req_to_token
@@ -37,36 +39,22 @@ class Injection:
     def get(self, name: str, default: Optional[int] = None) -> Optional[int]:
         return dict(self.extra).get(name, default)
 
-    def format(self) -> str:
-        head = (
-            f"{PREFIX} step={self.step} kind={self.kind} group={self.group} half={self.half} slot={self.slot} "
-            f"position={self.position} req={self.req} applied={int(self.applied)}"
-        )
-        return head + "".join(f" {name}={value}" for name, value in self.extra)
+    def fields(self) -> list:
+        return [("step", self.step), ("kind", self.kind), ("group", self.group), ("half", self.half),
+                ("slot", self.slot), ("position", self.position), ("req", self.req),
+                ("applied", int(self.applied)), *self.extra]
 
     @classmethod
-    def parse(cls, line: str) -> Optional["Injection"]:
-        """The injection a log line reports, or None when the line is not one; ValueError when malformed."""
-        at = line.find(PREFIX)
-        if at < 0:
-            return None
-        fields = _FIELD.findall(line[at + len(PREFIX):])
+    def from_fields(cls, fields: list) -> "Injection":
         values = dict(fields)
-        try:
-            return cls(
-                step=int(values["step"]),
-                kind=values["kind"],
-                group=values["group"],
-                half=values["half"],
-                slot=int(values["slot"]),
-                position=int(values["position"]),
-                req=int(values["req"]),
-                applied=values["applied"] == "1",
-                extra=tuple((name, int(value)) for name, value in fields if name not in _CORE),
-            )
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"malformed {PREFIX} line ({err}): {line!r}") from None
-
-    @classmethod
-    def find_all(cls, text: str) -> list["Injection"]:
-        return [i for i in (cls.parse(line) for line in text.splitlines()) if i is not None]
+        return cls(
+            step=int(values["step"]),
+            kind=values["kind"],
+            group=values["group"],
+            half=values["half"],
+            slot=int(values["slot"]),
+            position=int(values["position"]),
+            req=int(values["req"]),
+            applied=values["applied"] == "1",
+            extra=tuple((name, int(value)) for name, value in fields if name not in _CORE),
+        )

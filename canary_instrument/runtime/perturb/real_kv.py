@@ -141,28 +141,38 @@ def used_target(ctx: KindContext, forward_batch: Any, forwards: int = 0) -> Opti
     return group, full_slot, position, {"req": req}, valid
 
 
-class RealKvUsed:
-    name = "real_kv_used"
+class UsedRowKind:
+    """A kind that corrupts, before the forward, a row of a request the forward is about to read: ``corrupt``
+    gets ``used_target``'s pick (by the layer rotation where ``rotate``)."""
+
+    name = ""
     hook = "before_forward"
+    rotate = False
 
     def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        found = used_target(ctx, forward_batch)
+        found = used_target(ctx, forward_batch, forwards=_rotation(ctx) if self.rotate else 0)
         if found is None:
             return None
-        group, full_slot, position, device, valid = found
+        return self.corrupt(ctx, step, *found)
+
+    def corrupt(self, ctx: KindContext, step: int, group: Any, full_slot: Any, position: Any, device: dict,
+                valid: Any) -> Optional[Planned]:
+        raise NotImplementedError
+
+
+class RealKvUsed(UsedRowKind):
+    name = "real_kv_used"
+
+    def corrupt(self, ctx, step, group, full_slot, position, device, valid):
         layer = checked_layer(ctx, group, device["req"])
         return _flip(ctx, self.name, step, group, full_slot, position, device, restore=True, valid=valid, layer=layer)
 
 
-class RealKvLayer:
+class RealKvLayer(UsedRowKind):
     name = "real_kv_layer"
-    hook = "before_forward"
+    rotate = True
 
-    def inject(self, ctx: KindContext, step: int, forward_batch: Any = None, cache: Any = None) -> Optional[Planned]:
-        found = used_target(ctx, forward_batch, forwards=_rotation(ctx))
-        if found is None:
-            return None
-        group, full_slot, position, device, valid = found
+    def corrupt(self, ctx, step, group, full_slot, position, device, valid):
         return _flip(ctx, self.name, step, group, full_slot, position, device, restore=False, valid=valid)
 
 

@@ -79,7 +79,8 @@ def parse_spec(name: str, value: Any) -> dict[str, float]:
     return rates
 
 
-def _int_at_least(name: str, value: Any, minimum: int) -> int:
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int (a string is parsed; a bool is refused), at least ``minimum``; ValueError naming ``name``."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
     try:
@@ -119,8 +120,8 @@ def load_perturb_settings(server_args: Any = None, environ: Optional[Mapping[str
         rates.update(parse_spec(*spec))
     values: dict[str, Any] = {"rates": tuple((k, rates[k]) for k in KINDS if rates.get(k, 0.0) > 0.0)}
     for field_name, attr, var, parse in (
-        ("seed", SEED_ARG, SEED_ENV, lambda n, v: _int_at_least(n, v, 0)),
-        ("warmup_steps", WARMUP_ARG, WARMUP_ENV, lambda n, v: _int_at_least(n, v, 0)),
+        ("seed", SEED_ARG, SEED_ENV, lambda n, v: int_at_least(n, v, 0)),
+        ("warmup_steps", WARMUP_ARG, WARMUP_ENV, lambda n, v: int_at_least(n, v, 0)),
         ("target_group", GROUP_ARG, GROUP_ENV, _target_group),
     ):
         found = _source(server_args, env, attr, var)
