@@ -9,6 +9,7 @@ draft step nor the verify step synchronises with the device.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -31,6 +32,9 @@ def engine_module(tmp_path_factory):
 
 def build(module, graphs: bool = True, layout: str = "mha", **overrides):
     """(engine, target manager, draft manager) of an instrumented EAGLE engine (log mode, real-KV partial)."""
+    # The engines of earlier tests first: collected while this one captures, their CUDA graphs' teardown
+    # invalidates the capture (one engine per process, as a server runs, never meets this).
+    gc.collect()
     args = dict(matrix.ENGINE_DEFAULTS, attention_layout=layout, speculative_algorithm="EAGLE",
                 disable_cuda_graph=not graphs, device="cuda", **overrides)
     engine = module.Engine(**args)
