@@ -9,7 +9,6 @@ place; the upstream imports they alone used are removed.
 from __future__ import annotations
 
 import ast
-import builtins
 from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
@@ -18,16 +17,15 @@ from canary_instrument.rewrite.findings import (
     AMBIGUOUS_ROLE,
     MISSING_PLACEHOLDER,
     STRAY_PLACEHOLDER,
-    UNDEFINED_IN_WIRING,
     UNKNOWN_HAND_WIRING,
-    UNREACHABLE_MANAGER,
 )
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
-from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
+from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of
 from canary_instrument.rewrite.plan import EditPlan, key_of
+from canary_instrument.rewrite.rules import ci207_undefined_in_wiring, ci208_unreachable_manager
 from canary_instrument.rewrite.scaffold import report_unusable
-from canary_instrument.rewrite.shapes import parameters, same_code
+from canary_instrument.rewrite.shapes import same_code
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
@@ -63,16 +61,6 @@ def site_statement(parsed: ParsedFile, match: SiteMatch, unit: str, limit: int) 
 
 def free_runtime_names(text: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and n.id in RUNTIME_EXPORTS}
-
-
-def undefined_names(match: SiteMatch) -> list[str]:
-    """Names the site's wiring reads that its function neither receives nor assigns (nor are builtins)."""
-    wanted = {n.id for n in ast.walk(ast.parse(match.wiring(), mode="eval")) if isinstance(n, ast.Name)}
-    defined = {a.arg for a in parameters(match.method)}
-    for node in ast.walk(match.method):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            defined.add(node.id)
-    return sorted(name for name in wanted - defined if name not in dir(builtins) and name not in RUNTIME_EXPORTS)
 
 
 def factory_local(match: SiteMatch) -> str:
@@ -148,10 +136,7 @@ def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
 
 def report_unreachable(parsed: ParsedFile, result: RunResult) -> set[int]:
     """Classes whose generated member would read an attribute the class never uses: reported, left unwired."""
-    for info in parsed.analysis.unreachable:
-        result.findings.append(parsed.finding(
-            info.class_node, UNREACHABLE_MANAGER, unreachable_message(info, parsed.analysis),
-        ))
+    result.findings.extend(ci208_unreachable_manager.findings(parsed))
     return {id(info.class_node) for info in parsed.analysis.unreachable}
 
 
@@ -177,13 +162,9 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
             continue
         if match.state not in ("placeholder", "wired", "handwritten"):
             continue
-        undefined = undefined_names(match)
-        if undefined:
-            result.findings.append(parsed.finding(
-                match.anchor, UNDEFINED_IN_WIRING,
-                f"{match.site.role} site: the wiring `{match.wiring()}` uses {', '.join(undefined)}, which "
-                f"{match.where} does not define; left as it is (fix the catalog's wiring for this site)",
-            ))
+        undefined = ci207_undefined_in_wiring.site_finding(parsed, match)
+        if undefined is not None:
+            result.findings.append(undefined)
             continue
         if match.module_level:
             names |= free_runtime_names(match.wiring())
