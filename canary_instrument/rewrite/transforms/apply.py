@@ -22,9 +22,9 @@ from canary_instrument.rewrite.findings import (
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
 from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of
-from canary_instrument.rewrite.plan import EditPlan, key_of
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.rules import ci207_undefined_in_wiring, ci208_unreachable_manager
-from canary_instrument.rewrite.scaffold import report_unusable
+from canary_instrument.rewrite.transforms.scaffold import report_unusable
 from canary_instrument.rewrite.shapes import same_code
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 

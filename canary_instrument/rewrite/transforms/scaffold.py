@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.plan import EditPlan, key_of
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.files import SourceError
 from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, NOT_A_NO_OP
 from canary_instrument.rewrite.locate import FileAnalysis, _is_wrapper, analyse
