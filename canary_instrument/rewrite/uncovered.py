@@ -21,9 +21,8 @@ from canary_instrument.rewrite.reach import MODULE, ReachFacts, TriggerCall
 from canary_instrument.rewrite.rules import ci301_uncovered_forward
 
 # How far above a trigger the caller search looks for callers of an entry point (a function no
-# analysed file calls); one further up is taken as a real entry point. Sites sit at most three
-# calls above the trigger they guard in sglang (forward -> _forward_raw -> runner.execute ->
-# the runner's model forward).
+# analysed file calls); one further up is taken as a real entry point. It must exceed how far above
+# its trigger a site sits (forward -> _forward_raw -> runner.execute -> the runner's model forward).
 ROOT_SEARCH = 4
 
 
