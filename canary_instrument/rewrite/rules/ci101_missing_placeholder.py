@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER
+from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, Finding
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -30,3 +30,11 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
                 f"{match.site.role} site in {match.where} has no `{match.placeholder}` placeholder; "
                 "run `canary-instrument scaffold`",
             ))
+
+
+def apply_finding(parsed: ParsedFile, match) -> Finding:
+    """What apply reports for a site it cannot wire for want of a placeholder."""
+    return parsed.finding(
+        match.first, CODE,
+        f"{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first",
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.findings import STRAY_PLACEHOLDER
+from canary_instrument.rewrite.findings import STRAY_PLACEHOLDER, Finding
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -29,3 +29,12 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
                 problem.node, CODE,
                 f"stray placeholder `{problem.name}` ({problem.detail}); remove it, or add its site to the catalog",
             ))
+
+
+def left_alone(parsed: ParsedFile, problem) -> Finding:
+    """What a transform reports for a stray placeholder it leaves as it is."""
+    return parsed.finding(
+        problem.node, CODE,
+        f"stray placeholder `{problem.name}` ({problem.detail}); left alone: no catalog role admits it "
+        "here (remove it, or add its site to the catalog)",
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER
+from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, Finding
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -35,3 +35,25 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
     for problem in analysis.problems:
         if problem.kind == "incomplete":
             report.findings.append(parsed.finding(problem.node, CODE, f"`{problem.name}` is used but never assigned"))
+
+
+def left_alone(parsed: ParsedFile) -> list[Finding]:
+    """What a transform reports for incomplete placeholders, which it leaves as they are."""
+    analysis = parsed.analysis
+    out = [
+        parsed.finding(
+            problem.node, CODE,
+            f"`{problem.name}` is used but never assigned; add `{problem.name} = contextlib.nullcontext()` "
+            "before it",
+        )
+        for problem in analysis.problems if problem.kind == "incomplete"
+    ]
+    out.extend(
+        parsed.finding(
+            match.anchor, CODE,
+            f"{match.site.role} site: `{match.placeholder}` holds code that is neither a placeholder nor "
+            "wiring; left alone (make it a placeholder to let the tool manage it)",
+        )
+        for match in analysis.sites if match.state == "other"
+    )
+    return out

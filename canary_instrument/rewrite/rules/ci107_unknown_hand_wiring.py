@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.findings import UNKNOWN_HAND_WIRING
+from canary_instrument.rewrite.findings import UNKNOWN_HAND_WIRING, Finding
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -31,3 +31,12 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
                 f"`{problem.name}` holds hand-written canary wiring that no catalog role covers; to let the tool "
                 f"manage it, add under [tool.canary-instrument]: {problem.detail}",
             ))
+
+
+def left_alone(parsed: ParsedFile, problem) -> Finding:
+    """What a transform reports for hand-written wiring no role covers, which it leaves as it is."""
+    return parsed.finding(
+        problem.node, CODE,
+        f"`{problem.name}` holds hand-written canary wiring no catalog role covers; left alone "
+        f"(add under [tool.canary-instrument]: {problem.detail})",
+    )

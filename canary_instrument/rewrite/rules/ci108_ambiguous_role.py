@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.findings import AMBIGUOUS_ROLE
+from canary_instrument.rewrite.findings import AMBIGUOUS_ROLE, Finding
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -29,3 +29,10 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
                 f"`{problem.name}` fits the catalog roles {problem.detail} equally well; make one more specific "
                 "(calls, requires, class_refs, loop) in the catalog",
             ))
+
+
+def left_alone(parsed: ParsedFile, problem) -> Finding:
+    """What a transform reports for a site two roles fit equally well, which it leaves as it is."""
+    return parsed.finding(
+        problem.node, CODE, f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
+    )

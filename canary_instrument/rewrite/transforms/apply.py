@@ -13,19 +13,20 @@ from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.check import uncovered_forwards
-from canary_instrument.rewrite.findings import (
-    AMBIGUOUS_ROLE,
-    MISSING_PLACEHOLDER,
-    STRAY_PLACEHOLDER,
-    UNKNOWN_HAND_WIRING,
-)
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
 from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of
-from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
-from canary_instrument.rewrite.rules import ci207_undefined_in_wiring, ci208_unreachable_manager
-from canary_instrument.rewrite.transforms.scaffold import report_unusable
+from canary_instrument.rewrite.rules import (
+    ci101_missing_placeholder,
+    ci103_stray_placeholder,
+    ci107_unknown_hand_wiring,
+    ci108_ambiguous_role,
+    ci207_undefined_in_wiring,
+    ci208_unreachable_manager,
+)
 from canary_instrument.rewrite.shapes import same_code
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
+from canary_instrument.rewrite.transforms.scaffold import report_unusable
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
@@ -115,23 +116,16 @@ def imports_of(names, imports: Imports) -> list[tuple[str, str | None, str | Non
 def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
     """Canary code the transform leaves alone because no role (or more than one) covers it."""
     for problem in parsed.analysis.problems:
-        if problem.kind == "unknown":
-            result.findings.append(parsed.finding(
-                problem.node, UNKNOWN_HAND_WIRING,
-                f"`{problem.name}` holds hand-written canary wiring no catalog role covers; left alone "
-                f"(add under [tool.canary-instrument]: {problem.detail})",
-            ))
-        elif problem.kind == "ambiguous":
-            result.findings.append(parsed.finding(
-                problem.node, AMBIGUOUS_ROLE,
-                f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
-            ))
-        elif problem.kind == "stray":
-            result.findings.append(parsed.finding(
-                problem.node, STRAY_PLACEHOLDER,
-                f"stray placeholder `{problem.name}` ({problem.detail}); left alone: no catalog role admits it "
-                "here (remove it, or add its site to the catalog)",
-            ))
+        report = _LEFT_ALONE.get(problem.kind)
+        if report is not None:
+            result.findings.append(report(parsed, problem))
+
+
+_LEFT_ALONE = {
+    "unknown": ci107_unknown_hand_wiring.left_alone,
+    "ambiguous": ci108_ambiguous_role.left_alone,
+    "stray": ci103_stray_placeholder.left_alone,
+}
 
 
 def report_unreachable(parsed: ParsedFile, result: RunResult) -> set[int]:
@@ -155,10 +149,7 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         if id(match.class_node) in unreachable:
             continue
         if match.state == "missing":
-            result.findings.append(parsed.finding(
-                match.first, MISSING_PLACEHOLDER,
-                f"{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first",
-            ))
+            result.findings.append(ci101_missing_placeholder.apply_finding(parsed, match))
             continue
         if match.state not in ("placeholder", "wired", "handwritten"):
             continue
