@@ -197,9 +197,9 @@ def _transform_command(name, verb, past, description):
 
 
 _TRANSFORMS = {
-    "scaffold": ("canary_instrument.rewrite.scaffold", "scaffold_tree"),
-    "apply": ("canary_instrument.rewrite.wire", "apply_tree"),
-    "revert": ("canary_instrument.rewrite.revert", "revert_tree"),
+    "scaffold": ("canary_instrument.rewrite.transforms.scaffold", "scaffold_tree"),
+    "apply": ("canary_instrument.rewrite.transforms.apply", "apply_tree"),
+    "revert": ("canary_instrument.rewrite.transforms.revert", "revert_tree"),
 }
 scaffold = _transform_command(
     "scaffold", "scaffold", "scaffolded",

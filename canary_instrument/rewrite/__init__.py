@@ -8,9 +8,9 @@ from importlib import import_module
 
 _EXPORTS = {
     "check_tree": "canary_instrument.rewrite.check",
-    "scaffold_tree": "canary_instrument.rewrite.scaffold",
-    "apply_tree": "canary_instrument.rewrite.wire",
-    "revert_tree": "canary_instrument.rewrite.revert",
+    "scaffold_tree": "canary_instrument.rewrite.transforms.scaffold",
+    "apply_tree": "canary_instrument.rewrite.transforms.apply",
+    "revert_tree": "canary_instrument.rewrite.transforms.revert",
     "RunResult": "canary_instrument.rewrite.tree",
     "FileChange": "canary_instrument.rewrite.tree",
     "Finding": "canary_instrument.rewrite.findings",

@@ -1,67 +1,32 @@
 """check: the pre-commit gate. Every site holds a placeholder or its wiring, nothing stray, nothing half-wired,
 no forward path that runs outside every catalogued site. Standard library only (no libcst), candidate files only.
 
-Work is split in two: `file_report` turns one parsed file into a picklable `FileReport` (no AST
-objects, so a cache can keep it), and the tree pass applies the rules that need the whole tree
-(wiring is all-or-nothing across files; CI301 follows calls between files) to the reports.
+The driver: `Scan` reads the tree and analyses the files the rules need; `file_report` applies the
+per-file rules (`rules.FILE_CHECKS`) to one parsed file; the tree pass then applies the rules that
+need the whole tree (wiring is all-or-nothing across files; CI102 and CI209 join every file's
+placement; CI301 follows calls between files) to the reports.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite import findings as codes
-from canary_instrument.rewrite.cache import CheckCache, content_hash
-from canary_instrument.rewrite.callgraph import CallGraph
-from canary_instrument.rewrite.files import SourceError, decode_source, python_files, read_source
-from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.locate import analyse
-from canary_instrument.rewrite.modules import module_files
-from canary_instrument.rewrite.parallel import Pair
-from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
-from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
-from canary_instrument.rewrite.reach import ReachFacts, reach_facts, site_spans
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
-from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
-
-# cache.extra (hashes of files' paths and content hashes):
-_EXPANSION = "expansion"  # (candidate files, what the caller search looked for, the files it found)
-_UNCOVERED = "uncovered"  # (every analysed file, CI301's findings)
-_RESULT = "result"  # (every file, findings, file errors, files analysed)
-
-
-@dataclass
-class FileReport:
-    """What check needs to know about one file, as plain data."""
-
-    path: Path
-    findings: list[Finding] = field(default_factory=list)  # hold whatever the rest of the tree is
-    when_wired: list[Finding] = field(default_factory=list)  # hold only if some site in the tree is wired
-    when_unwired: list[Finding] = field(default_factory=list)  # hold only if no site in the tree is wired
-    wired: bool = False  # a site in this file holds generated wiring
-    placement: Placement | None = None  # roles expected and located, hooks needed and placed (None: a path only)
-    handed: set[str] = field(default_factory=set)  # modules its model runner hands itself to for graph capture
-    reach: ReachFacts | None = None  # CI301's facts: functions, calls, triggers (None: not in the call graph)
+from canary_instrument.rewrite.cache import CheckCache
+from canary_instrument.rewrite.files import SourceError, python_files
+from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
+from canary_instrument.rewrite.placement import placement_of
+from canary_instrument.rewrite.prefilter import ROLES, SITES
+from canary_instrument.rewrite.report import FileReport
+from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
+from canary_instrument.rewrite.scan import RESULT, Scan
+from canary_instrument.rewrite.tree import ParsedFile, RunResult
 
 
 def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
     """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
-    return _check_tree(paths, catalog, cache)
-
-
-def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
-    """CI301's findings on the tree under `paths`, as `check` reports them (what `apply` reports too)."""
-    result = check_tree(paths, catalog)
-    return [f for f in result.findings if f.code == codes.UNCOVERED_FORWARD]
-
-
-def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
     result = RunResult()
-    scan = _Scan(catalog, result, cache)
+    scan = Scan(catalog, result, cache, file_report)
     files = []
     for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
@@ -89,7 +54,7 @@ def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
         result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
         result.errors.extend(scan.errors)
         if scan.cache is not None:
-            scan.cache.set_extra(_RESULT, (
+            scan.cache.set_extra(RESULT, (
                 scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
             ))
     if scan.cache is not None:
@@ -98,307 +63,16 @@ def _check_tree(paths, catalog: Catalog, cache: CheckCache | None) -> RunResult:
     return result
 
 
-class _Scan:
-    """One pass over the tree's files: what each needs, its report, and the callers CI301 needs.
-
-    On a large tree the files are shared between this process and a forked child (`parallel.Pair`),
-    which keeps the bytes of the files it read: the caller search runs on each side over those.
-    """
-
-    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None) -> None:
-        self.catalog = catalog
-        self.result = result
-        self.cache = cache if cache is not None and cache.enabled else None
-        self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
-        self.needs: dict[str, int] = {}
-        self.seen: dict[str, bytes] = {}  # every file -> its content hash
-        self.others: list[tuple[str, os.stat_result]] = []  # files nothing needed (yet)
-        self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
-        self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
-        self.errors: list[SourceError] = []  # files that could not be analysed
-        self.memo: tuple | None = None  # the cache's outcome, when no file changed since
-        self.changed: set[str] = set()  # files whose content is not what the cache knew
-        self._fingerprint: bytes | None = None
-        self.graph: CallGraph | None = None  # the call graph of all analysed files, once expand built it
-        self.pair = Pair({}, 0)  # this process and, once `files` forks one, the child that read half the tree
-        self.side: dict[str, int] = {}  # the side of the pair that read each file this run (0: this process)
-        self._searches: dict[int, CallerSearch] = {}  # each side's caller search over its files
-
-    @cached_property
-    def prefilter(self) -> Prefilter:
-        return Prefilter(self.catalog)  # its regexes cost more than a warm run's other work
-
-    def files(self, files: list[tuple[str, os.stat_result | None]]) -> None:
-        """Examine every file (on two cores when many must be read) and record the outcomes in order."""
-        cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
-        todo = [i for i, entry in enumerate(cached) if entry is None]
-        # Reading and scanning costs by size; parsing and analysing a file at a catalog location about
-        # a hundred times that (measured on sglang 0.5.14 to 0.5.23). The weights order the work, the
-        # heaviest first, so that the two processes sharing it end together.
-        weights = [
-            (files[i][1].st_size if files[i][1] is not None else 0) * (100 if self.prefilter.path_matches(
-                files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
-            for i in todo
-        ]
-        if not todo and self.cache is not None:
-            self.seen = {path: entry[3] for (path, _), entry in zip(files, cached)}
-            memo = self.cache.extra.get(_RESULT)
-            if memo is not None and memo[0] == self.fingerprint():
-                self.memo = memo
-                return
-        # Fork when there are enough bytes to read that a second process pays for itself.
-        size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
-        self.pair = Pair({
-            "examine": lambda i: self.examine(*files[i]), "find": self._find_side, "analyse": self._analyse_found,
-        }, size)
-        outcomes, sides = self.pair.map("examine", todo, weights)
-        for i, outcome, side in zip(todo, outcomes, sides):
-            cached[i] = outcome
-            if side:
-                self.side[files[i][0]] = side
-        for (path, st), entry in zip(files, cached):
-            self.record(path, st, entry)
-
-    def handed_off(self) -> None:
-        """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
-        are, they hold its after-capture hooks."""
-        handed = set().union(*(r.handed for r in self.reports.values() if r is not None))
-        while handed:
-            others = {Path(key): key for key, _ in self.others}
-            found = [others[path] for path in module_files(handed, others)]
-            handed = set()
-            self.others = [(key, st) for key, st in self.others if key not in found]
-            for key in found:
-                report = self.analyse(Path(key), self.data.get(key), SITES | REACH)
-                self.needs[key] = SITES | REACH
-                if isinstance(report, SourceError):
-                    self.errors.append(report)
-                    self.reports[key] = None
-                else:
-                    self.reports[key] = report
-                    handed |= report.handed
-
-    def fingerprint(self) -> bytes | None:
-        """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
-        if self._fingerprint is None and self.cache is not None:
-            self._fingerprint = self._digest(self.seen)
-        return self._fingerprint
-
-    def _digest(self, keys) -> bytes:
-        return content_hash(b"".join(k.encode() + b"\0" + self.seen.get(k, b"") for k in sorted(keys)))
-
-    def examine(self, key: str, st) -> tuple:
-        """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
-        try:
-            data = _read(key, st.st_size if st is not None else 0)
-        except OSError:
-            return (None, None, None, b"", SITES | REACH, self.analyse(Path(key), None, SITES | REACH))
-        digest = content_hash(data) if self.cache is not None else b""
-        entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
-        if entry is not None:
-            return ("same", None, None, digest, entry[4], entry[5])  # touched, not changed
-        # A Path only for the few files analysed: building one per file of the tree costs more than its byte scan.
-        needs = self.prefilter.needs(key if os.sep == "/" else Path(key).as_posix(), data)
-        if not needs:
-            self.data[key] = data  # for the caller search (in a forked child, simply dropped)
-        return (None, None, None, digest, needs, self.analyse(Path(key), data, needs) if needs else None)
-
-    def record(self, key: str, st, entry: tuple) -> None:
-        digest, needs, payload = entry[3], entry[4], entry[5]
-        if entry[0] is None:
-            self.changed.add(key)
-        if self.cache is not None and st is not None and entry[0] in (None, "same") and digest:
-            self.cache.store(key, st, digest, needs, payload)
-        self.seen[key] = digest
-        self.needs[key] = needs
-        if needs:
-            payload = CheckCache.payload(payload)
-        if isinstance(payload, SourceError):
-            self.errors.append(payload)
-            self.reports[key] = None
-        elif needs:
-            self.reports[key] = payload
-        else:
-            self.others.append((key, st))
-            if payload is not None:
-                self.kept[key] = payload
-
-    def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
-        try:
-            # A file at a catalog location is always read and parsed, so that a bad one is reported
-            # (exit 2) even when it holds nothing the rules look at.
-            source = read_source(path) if data is None else decode_source(path, data)
-            tree = parse_source(source)
-            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
-                return FileReport(path=path, placement=self._placement(path, needs))
-            lines = split_lines(source.text)
-            spans = []
-            if needs & SITES:
-                parsed = ParsedFile(source, tree, lines, analyse(path, tree, self.catalog, lines))
-                if parsed.analysis.sites or parsed.analysis.hooks:
-                    screen_round_trip(parsed)
-                report = file_report(parsed, self.catalog)
-                spans = site_spans(parsed.analysis)
-            else:
-                report = FileReport(path=path, placement=self._placement(path, needs))
-            if needs & REACH and self.catalog.triggers:
-                report.reach = reach_facts(path, tree, lines, spans, self.catalog)
-            return report
-        except SourceError as error:
-            return error
-
-    def _placement(self, path: Path, needs: int) -> Placement | None:
-        """A file at a catalog location that check does not analyse: the roles expected there."""
-        return Placement(path, self._roles(path)) if needs & ROLES else None
-
-    def _roles(self, path: Path) -> set[str]:
-        """The roles with a candidate location at this path (what locate reports as expected there)."""
-        posix = path.as_posix()
-        return {entry.role for entry, location in self.catalog.locations() if location.matches_path(posix)}
-
-    def _bytes(self, key: str) -> bytes:
-        data = self.data.get(key)
-        if data is None:
-            try:
-                with open(key, "rb") as handle:
-                    data = self.data[key] = handle.read()
-            except OSError:
-                data = b""
-        return data
-
-    def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
-        """CI301's findings; those of the cache's run when no file changed since (the call graph is
-        the largest part of a warm run)."""
-        analysed = self._digest(self.reports) if self.cache is not None else None  # all CI301 reads
-        memo = self.cache.extra.get(_UNCOVERED) if self.cache is not None else None
-        if memo is not None and memo[0] == analysed:
-            return list(memo[1])
-        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
-        graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
-        found = uncovered_findings(files, self.catalog, graph)
-        if self.cache is not None:
-            self.cache.set_extra(_UNCOVERED, (analysed, tuple(found)))
-        return found
-
-    def expand(self) -> None:
-        """Bring in the files that may call a function on an uncovered forward path, until none is left.
-
-        The call graph of the analysed files says which functions matter; a byte search of the other
-        files finds their callers (`CallerSearch`). While the candidate files and the files that search
-        found are those of the cache's run, so is the outcome, unless a changed file matches one of
-        the names that run searched for: then only the changed files are read."""
-        if not self.catalog.triggers:
-            return
-        candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
-        memo = self.cache.extra.get(_EXPANSION) if self.cache is not None else None
-        if memo is not None and memo[0] == candidates and all(k in self.kept and k not in self.changed for k in memo[2]):
-            changed = [key for key, _ in self.others if key in self.changed and key not in memo[2]]
-            if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
-                for key in memo[2]:
-                    self.reports[key] = CheckCache.payload(self.kept[key])
-                return
-        searched: set = set()
-        found_keys: list[str] = []
-        taken: set[str] = set()  # files a search round found (analysed, or not analysable)
-        parts = None
-        while True:
-            graph = self.graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
-            wanted = callers_wanted(graph) - searched
-            if not wanted or not self.others:
-                break
-            searched |= wanted
-            if parts is None:
-                parts = self._parts()
-                position = {key: index for index, (key, _) in enumerate(self.others)}
-                stats = dict(self.others)
-            # Each side searches the files whose bytes it holds; the files found are then analysed on
-            # both sides, split by size (one side may find all of them). Reports join the tree in the
-            # order of the files, as one search over all of them would give.
-            if self.pair.forked:
-                here, there = self.pair.both("find", (0, parts[0], wanted, taken), (1, parts[1], wanted, taken))
-                hits = here + there
-            else:
-                hits = self._find_side(0, parts[0], wanted, taken) + self._find_side(1, parts[1], wanted, taken)
-            hits.sort(key=position.__getitem__)
-            fresh = [key for key in hits if key not in self.kept]
-            analysed, _ = self.pair.map("analyse", fresh, [stats[key].st_size if stats[key] else 0 for key in fresh])
-            found = list(zip(fresh, analysed)) + [(key, None) for key in hits if key in self.kept]
-            taken.update(hits)
-            added = False
-            for key, report in sorted(found, key=lambda item: position[item[0]]):
-                if report is None:
-                    report = CheckCache.payload(self.kept[key])
-                elif isinstance(report, SourceError):
-                    continue  # found only by this search, not a candidate: its errors are not check's
-                elif self.cache is not None and stats[key] is not None and key in self.seen:
-                    self.cache.store(key, stats[key], self.seen[key], 0, report)
-                self.reports[key] = report
-                found_keys.append(key)
-                added = True
-            if not added:
-                break  # the call graph just built is the tree's: all it wants was searched for
-        if self.cache is not None:
-            self.cache.set_extra(_EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
-
-    def _parts(self) -> tuple[list[str], list[str]]:
-        """The files no rule needed, split by the side of the pair that holds their bytes; files read by
-        neither (unchanged since the cache's run) go to the side with fewer bytes so far. Each round
-        searches every byte of a side once per name, so the sides are then evened out: the side with
-        more bytes hands its last files over (the other reads them once, then keeps them)."""
-        parts: tuple[list[str], list[str]] = ([], [])
-        totals = [0, 0]
-        size = {key: st.st_size if st is not None else 0 for key, st in self.others}
-        for key, _ in self.others:
-            side = self.side.get(key)
-            if side is None:
-                side = 0 if totals[0] <= totals[1] or not self.pair.forked else 1
-            parts[side].append(key)
-            totals[side] += size[key]
-        if self.pair.forked:
-            heavy = 0 if totals[0] > totals[1] else 1
-            while parts[heavy] and totals[heavy] - size[parts[heavy][-1]] >= totals[1 - heavy]:
-                key = parts[heavy].pop()
-                parts[1 - heavy].append(key)
-                totals[heavy] -= size[key]
-                totals[1 - heavy] += size[key]
-        return parts
-
-    def _find_side(self, side: int, keys: list[str], wanted, taken) -> list[str]:
-        """The files among `keys` (this side's files, the same every round) that may call what `wanted`
-        names, `taken` (found by earlier rounds) aside. Runs on either side of the pair: bytes in
-        memory are only spared a read."""
-        if not keys:
-            return []
-        search = self._searches.get(side)
-        if search is None:
-            search = self._searches[side] = CallerSearch([self._bytes(key) for key in keys])
-        return [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked)) if keys[i] not in taken]
-
-    def _analyse_found(self, key: str) -> FileReport | SourceError:
-        """The call-graph report of a file the caller search found (its bytes read again where this
-        side does not hold them)."""
-        return self.analyse(Path(key), self.data.get(key), REACH)
-
-
-def _read(path: str, size: int) -> bytes:
-    """A file's bytes, read by its descriptor in one read of its expected `size` (a file object costs
-    more than the read itself for the small files most of a tree is), then to its end."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        chunks = []
-        want = size + 1
-        while chunk := os.read(fd, want):
-            chunks.append(chunk)
-            want = 1 << 20
-        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-    finally:
-        os.close(fd)
+def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
+    """CI301's findings on the tree under `paths`, as `check` reports them (what `apply` reports too)."""
+    result = check_tree(paths, catalog)
+    return [f for f in result.findings if f.code == UNCOVERED_FORWARD]
 
 
 def tree_findings(reports: list[FileReport], catalog: Catalog) -> list[Finding]:
     """The findings of a whole tree from its files' reports."""
     wired = any(report.wired for report in reports)
-    out = placement_findings([r.placement for r in reports if r.placement is not None], catalog)
+    out = ci102_site_not_found.tree_check([r.placement for r in reports if r.placement is not None], catalog)
     for report in reports:
         out.extend(report.findings)
         out.extend(report.when_wired if wired else report.when_unwired)
@@ -406,7 +80,7 @@ def tree_findings(reports: list[FileReport], catalog: Catalog) -> list[Finding]:
 
 
 def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
-    """Every finding one file contributes, the tree-dependent ones kept apart."""
+    """Every finding one file contributes (the registered per-file rules), the tree-dependent ones kept apart."""
     analysis = parsed.analysis
     report = FileReport(
         path=parsed.path,
@@ -415,114 +89,6 @@ def file_report(parsed: ParsedFile, catalog: Catalog) -> FileReport:
         placement=placement_of(parsed.path, analysis, catalog, parsed.position),
         handed=set(analysis.handed),
     )
-    add, when_wired, when_unwired = report.findings.append, report.when_wired.append, report.when_unwired.append
-
-    for match in analysis.sites:
-        role, placeholder = match.site.role, match.placeholder
-        where = match.where
-        if match.state == "missing":
-            add(parsed.finding(
-                match.first, codes.MISSING_PLACEHOLDER,
-                f"{role} site in {where} has no `{placeholder}` placeholder; run `canary-instrument scaffold`",
-            ))
-        elif match.state == "other":
-            add(parsed.finding(
-                match.anchor, codes.INCOMPLETE_PLACEHOLDER,
-                f"{role} site in {where}: `{placeholder}` holds neither a placeholder nor generated wiring",
-            ))
-        elif match.state == "handwritten":
-            add(parsed.finding(
-                match.anchor, codes.HAND_WRITTEN,
-                f"{role} site in {where}: `{placeholder}` holds hand-written canary wiring; "
-                f"`canary-instrument apply` migrates it to `{placeholder} = {match.wiring()}`",
-            ))
-        elif match.state == "placeholder":
-            when_wired(parsed.finding(
-                match.anchor, codes.UNWIRED_SITE,
-                f"half-wired: {role} site in {where} still holds a placeholder while the tree is wired; "
-                "run `canary-instrument apply`",
-            ))
-        elif match.state == "wired" and not match.conforms():
-            add(parsed.finding(
-                match.anchor, codes.STALE_WIRING,
-                f"{role} site in {where} is wired differently from the catalog ({match.wiring()}); "
-                "run `canary-instrument apply`",
-            ))
-
-    for hook in analysis.hooks:
-        role = hook.hook.role
-        if not hook.present:
-            when_wired(parsed.finding(
-                hook.anchor, codes.HOOK_MISSING,
-                f"half-wired: the {role} hook `{hook.statement}` is missing in {hook.where}; "
-                "run `canary-instrument apply`",
-            ))
-            continue
-        generated = [p for p in hook.present if p.handwritten is None]
-        if generated:
-            when_unwired(parsed.finding(
-                generated[0].node, codes.HOOK_WITHOUT_WIRING,
-                f"half-wired: the {role} hook is present but no site is wired; "
-                "run `canary-instrument apply` (or `revert`)",
-            ))
-        for present in hook.present:
-            if present.handwritten is not None:
-                add(parsed.finding(
-                    present.node, codes.HAND_WRITTEN,
-                    f"{role} hook holds hand-written canary wiring; `canary-instrument apply` migrates it to "
-                    f"`{present.migrated}`",
-                ))
-        for present in hook.present[1:]:
-            add(parsed.finding(present.node, codes.DUPLICATED_PLACEHOLDER, f"duplicated {role} hook"))
-
-    for info in analysis.members:
-        class_wired = any(m.state == "wired" and m.class_node is info.class_node for m in analysis.sites)
-        if class_wired and info.node is None:
-            add(parsed.finding(
-                info.class_node, codes.MEMBER_MISMATCH,
-                f"half-wired: {info.class_node.name} has wired sites but no `{catalog.member}` member; "
-                "run `canary-instrument apply`",
-            ))
-        elif info.node is not None and info.generated and not class_wired:
-            add(parsed.finding(
-                info.node, codes.MEMBER_MISMATCH,
-                f"half-wired: generated `{catalog.member}` in {info.class_node.name} but none of its sites "
-                "is wired; run `canary-instrument apply` (or `revert`)",
-            ))
-    for info in analysis.unreachable:
-        add(parsed.finding(info.class_node, codes.UNREACHABLE_MANAGER, unreachable_message(info, analysis)))
-    for cls, first, second in analysis.manager_conflicts:
-        add(parsed.finding(
-            cls, codes.MANAGER_CONFLICT,
-            f"{cls.name} holds sites whose catalog managers differ ({first}, {second}); one member "
-            "cannot serve both",
-        ))
-    for problem in analysis.problems:
-        name = problem.name
-        if problem.kind == "duplicated":
-            add(parsed.finding(
-                problem.node, codes.DUPLICATED_PLACEHOLDER,
-                f"duplicated placeholder `{name}`: its site already has one; remove this one",
-            ))
-        elif problem.kind == "incomplete":
-            add(parsed.finding(
-                problem.node, codes.INCOMPLETE_PLACEHOLDER, f"`{name}` is used but never assigned",
-            ))
-        elif problem.kind == "unknown":
-            add(parsed.finding(
-                problem.node, codes.UNKNOWN_HAND_WIRING,
-                f"`{name}` holds hand-written canary wiring that no catalog role covers; to let the tool "
-                f"manage it, add under [tool.canary-instrument]: {problem.detail}",
-            ))
-        elif problem.kind == "ambiguous":
-            add(parsed.finding(
-                problem.node, codes.AMBIGUOUS_ROLE,
-                f"`{name}` fits the catalog roles {problem.detail} equally well; make one more specific "
-                "(calls, requires, class_refs, loop) in the catalog",
-            ))
-        else:
-            add(parsed.finding(
-                problem.node, codes.STRAY_PLACEHOLDER,
-                f"stray placeholder `{name}` ({problem.detail}); remove it, or add its site to the catalog",
-            ))
+    for rule in FILE_CHECKS:
+        rule(parsed, catalog, report)
     return report

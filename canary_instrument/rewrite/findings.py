@@ -1,4 +1,5 @@
-"""Finding records and their codes, shared by check and the transforms (docs/cli.md lists every code)."""
+"""Finding records and their codes, shared by check and the transforms (each rule's documentation is in its
+module under rewrite/rules/; docs/cli.md's table is generated from them and from `BAD_INPUT_DOCS`)."""
 
 from __future__ import annotations
 
@@ -31,32 +32,20 @@ NOT_ROUND_TRIPPABLE = "CI911"
 NOT_A_NO_OP = "CI912"
 INTERNAL_ERROR = "CI919"
 
-DESCRIPTIONS = {
-    MISSING_PLACEHOLDER: "a catalogued site holds no placeholder",
-    SITE_NOT_FOUND: "a catalogued file exists but none of its role's statement shapes is in it",
-    STRAY_PLACEHOLDER: "a canary-named placeholder outside every catalogued site",
-    DUPLICATED_PLACEHOLDER: "a second placeholder of the same role inside a site's method, or a duplicated hook",
-    INCOMPLETE_PLACEHOLDER: "a placeholder used without its assignment, or assigned something neither "
-    "a placeholder nor generated wiring",
-    HAND_WRITTEN: "upstream's hand-written canary wiring at a site or hook; `apply` migrates it to generated wiring",
-    UNKNOWN_HAND_WIRING: "hand-written canary wiring no catalog role covers (the message holds a catalog entry that would)",
-    AMBIGUOUS_ROLE: "a site whose shape fits two catalog roles equally well",
-    UNWIRED_SITE: "half-wired: the tree is wired but this site still holds a placeholder",
-    HOOK_MISSING: "half-wired: the tree is wired but an install or init-finished hook is missing",
-    HOOK_WITHOUT_WIRING: "half-wired: a hook is present but no site is wired",
-    MEMBER_MISMATCH: "half-wired: a class with wired sites lacks the generated member, or has one it no longer uses",
-    STALE_WIRING: "wiring differs from what the catalog generates",
-    MANAGER_CONFLICT: "two sites in one class name different managers",
-    UNDEFINED_IN_WIRING: "the catalog's wiring for a site reads a name its method does not define (apply skips it)",
-    UNREACHABLE_MANAGER: "a class with sites holds nothing the catalog's manager expression reads, and no single "
-    "model runner in its place (apply leaves its sites as they are)",
-    HOOK_NOT_PLACED: "a hook the tree's wiring needs (install, init-finished) has no place in any file read",
-    UNCOVERED_FORWARD: "a graph capture/replay or model-runner forward in a class no site covers",
-    SYNTAX_ERROR: "the file does not parse",
-    NOT_ROUND_TRIPPABLE: "libcst cannot reproduce the file byte for byte",
-    INTERNAL_ERROR: "the tool failed on this file (a bug; nothing was written)",
-    NOT_A_NO_OP: "scaffold's output minus its wrappers is not AST-identical to the input (nothing written)",
-}
+# The bad-input codes' rows of docs/cli.md's finding-code table (the rules' rows come from their modules).
+BAD_INPUT_DOCS = (
+    ("CI901", "unreadable: missing, permission denied, a directory, a broken link", ""),
+    ("CI902", "binary file (NUL byte) named `.py`", ""),
+    ("CI903", "bytes not valid in the file's encoding, or a bad coding cookie", ""),
+    ("CI904", "symbolic link loop", ""),
+    ("CI905", "the atomic write failed; the original is untouched", ""),
+    (SYNTAX_ERROR, "syntax error", ""),
+    (NOT_ROUND_TRIPPABLE, "libcst cannot reproduce the file byte for byte (`check` detects the known case, a form "
+     "feed in indentation, by a byte scan)", ""),
+    (NOT_A_NO_OP, "scaffold's output minus its placeholders is not AST-identical to the input; nothing written",
+     "report it"),
+    (INTERNAL_ERROR, "internal error on this file; nothing written", "report it"),
+)
 
 
 @dataclass(frozen=True)

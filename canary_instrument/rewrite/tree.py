@@ -199,7 +199,7 @@ def run_transform(
 def _run_file(path: Path, catalog: Catalog, planner: Planner, write: bool, verify, result: RunResult,
               handed: set[str]) -> None:
     """Plan one file and apply its plan; `handed` gets the modules its model runner hands capture to."""
-    from canary_instrument.rewrite.plan import PlanNotApplied  # the transforms' module: check never needs it
+    from canary_instrument.rewrite.transforms.plan import PlanNotApplied  # the transforms' module: check never needs it
 
     try:
         parsed = load(path, catalog)
@@ -208,7 +208,7 @@ def _run_file(path: Path, catalog: Catalog, planner: Planner, write: bool, verif
         plan = planner(parsed, catalog, result)
         if not plan:
             return
-        from canary_instrument.rewrite.edits import apply_plan  # libcst: only when there is work
+        from canary_instrument.rewrite.transforms.edits import apply_plan  # libcst: only when there is work
 
         module = parse_cst(parsed.source)
         new_text = apply_plan(module, plan).code

@@ -15,15 +15,14 @@ from pathlib import Path
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.callgraph import CallGraph, DefKey
-from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
+from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.naming import receiver_fits
 from canary_instrument.rewrite.reach import MODULE, ReachFacts, TriggerCall
+from canary_instrument.rewrite.rules import ci301_uncovered_forward
 
-_CHAIN = 4  # functions of the path shown in a finding
 # How far above a trigger the caller search looks for callers of an entry point (a function no
-# analysed file calls); one further up is taken as a real entry point. Sites sit at most three
-# calls above the trigger they guard in sglang (forward -> _forward_raw -> runner.execute ->
-# the runner's model forward).
+# analysed file calls); one further up is taken as a real entry point. It must exceed how far above
+# its trigger a site sits (forward -> _forward_raw -> runner.execute -> the runner's model forward).
 ROOT_SEARCH = 4
 
 
@@ -41,7 +40,7 @@ def uncovered_findings(files: list[tuple[Path, ReachFacts]], catalog: Catalog, g
                 continue
             if trigger.kind == "graph" and not graph_reads_kv(graph, key, trigger, kv):
                 continue
-            out.append(_finding(graph, key, trigger, via))
+            out.append(ci301_uncovered_forward.finding(graph, key, trigger, via))
     return out
 
 
@@ -201,29 +200,4 @@ def graph_reads_kv(graph: CallGraph, key: DefKey, trigger: TriggerCall, kv: set[
         for (index, cls) in owners
         for (i, qualname) in graph.defs
         if i == index and qualname.startswith(cls + ".")
-    )
-
-
-def _finding(graph: CallGraph, key: DefKey, trigger: TriggerCall, via) -> Finding:
-    chain = []
-    current = key
-    while current is not None and len(chain) < _CHAIN:
-        chain.append(current)
-        current = via[current]
-    chain.reverse()
-    names = " -> ".join(graph.describe(k) for k in chain)
-    root = chain[0]
-    if current is not None:
-        how = f"reached via ... -> {names}"
-    elif graph.defs[root].qualname == MODULE:
-        module = graph.files[root[0]][1].module.rpartition(".")[2]
-        how = f"reached from module-level code of {module}: {names.replace(MODULE + ' -> ', '')}"
-    elif root == key:
-        how = f"nothing found in the tree calls {graph.describe(key)}"
-    else:
-        how = f"reached from {graph.describe(root)}, which nothing found in the tree calls: {names}"
-    return Finding(
-        graph.files[key[0]][0], trigger.line, trigger.col, UNCOVERED_FORWARD,
-        f"uncovered forward path: {trigger.what} `{trigger.name}(...)` in {graph.describe(key)} runs outside "
-        f"every catalogued site ({how}); add a site for it to the catalog",
     )

@@ -15,9 +15,9 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.check import check_tree
-from canary_instrument.rewrite.revert import revert_tree
-from canary_instrument.rewrite.scaffold import scaffold_tree
-from canary_instrument.rewrite.wire import apply_tree
+from canary_instrument.rewrite.transforms.revert import revert_tree
+from canary_instrument.rewrite.transforms.scaffold import scaffold_tree
+from canary_instrument.rewrite.transforms.apply import apply_tree
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = REPO / "golden" / "expected"

@@ -32,7 +32,7 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.wire import apply_tree
+from canary_instrument.rewrite.transforms.apply import apply_tree
 
 from .conftest import RELEASES, sglang_srt
 from .placeholders import Expected, make_placeholder_tree

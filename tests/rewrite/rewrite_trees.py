@@ -7,9 +7,9 @@ from pathlib import Path
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.check import check_tree
-from canary_instrument.rewrite.revert import revert_tree
-from canary_instrument.rewrite.scaffold import scaffold_tree
-from canary_instrument.rewrite.wire import apply_tree
+from canary_instrument.rewrite.transforms.revert import revert_tree
+from canary_instrument.rewrite.transforms.scaffold import scaffold_tree
+from canary_instrument.rewrite.transforms.apply import apply_tree
 
 COMMANDS = {"scaffold": scaffold_tree, "apply": apply_tree, "revert": revert_tree}
 

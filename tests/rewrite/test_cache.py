@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from canary_instrument.catalog import load_catalog
-from canary_instrument.rewrite import check as check_module
+from canary_instrument.rewrite import scan as scan_module
 from canary_instrument.rewrite.cache import FOLDER, CheckCache
 from canary_instrument.rewrite.check import check_tree
 
@@ -65,13 +65,13 @@ def outcome(result):
 def examined(monkeypatch) -> list:
     """Paths the check read and examined (stat-unchanged files are not)."""
     seen = []
-    original = check_module._Scan.examine
+    original = scan_module.Scan.examine
 
     def spy(self, path, st):
         seen.append(os.path.basename(path))
         return original(self, path, st)
 
-    monkeypatch.setattr(check_module._Scan, "examine", spy)
+    monkeypatch.setattr(scan_module.Scan, "examine", spy)
     return seen
 
 
@@ -173,8 +173,8 @@ def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_co
     from test_uncovered import EAGER, MODEL_RUNNER
 
     searched = []
-    original = check_module._Scan._bytes
-    monkeypatch.setattr(check_module._Scan, "_bytes", lambda self, key: searched.append(os.path.basename(key))
+    original = scan_module.Scan._bytes
+    monkeypatch.setattr(scan_module.Scan, "_bytes", lambda self, key: searched.append(os.path.basename(key))
                         or original(self, key))
 
     from rewrite_trees import Tree

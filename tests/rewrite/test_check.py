@@ -9,8 +9,8 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.check import check_tree
-from canary_instrument.rewrite.scaffold import scaffold_tree
-from canary_instrument.rewrite.wire import apply_tree
+from canary_instrument.rewrite.transforms.scaffold import scaffold_tree
+from canary_instrument.rewrite.transforms.apply import apply_tree
 
 ENGINE = Path(__file__).resolve().parents[2] / "golden" / "engine"
 MR = "refsgl/srt/model_executor/model_runner.py"

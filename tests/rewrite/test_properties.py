@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from canary_instrument.catalog import load_catalog
-from canary_instrument.rewrite.revert import revert_tree
-from canary_instrument.rewrite.scaffold import scaffold_tree
-from canary_instrument.rewrite.wire import apply_tree
+from canary_instrument.rewrite.transforms.revert import revert_tree
+from canary_instrument.rewrite.transforms.scaffold import scaffold_tree
+from canary_instrument.rewrite.transforms.apply import apply_tree
 
 MR = "srt/model_executor/model_runner.py"
 CG = "srt/model_executor/cuda_graph_runner.py"

@@ -9,25 +9,24 @@ place; the upstream imports they alone used are removed.
 from __future__ import annotations
 
 import ast
-import builtins
 from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.check import uncovered_forwards
-from canary_instrument.rewrite.findings import (
-    AMBIGUOUS_ROLE,
-    MISSING_PLACEHOLDER,
-    STRAY_PLACEHOLDER,
-    UNDEFINED_IN_WIRING,
-    UNKNOWN_HAND_WIRING,
-    UNREACHABLE_MANAGER,
-)
 from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
-from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
-from canary_instrument.rewrite.plan import EditPlan, key_of
-from canary_instrument.rewrite.scaffold import report_unusable
-from canary_instrument.rewrite.shapes import parameters, same_code
+from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of
+from canary_instrument.rewrite.rules import (
+    ci101_missing_placeholder,
+    ci103_stray_placeholder,
+    ci107_unknown_hand_wiring,
+    ci108_ambiguous_role,
+    ci207_undefined_in_wiring,
+    ci208_unreachable_manager,
+)
+from canary_instrument.rewrite.shapes import same_code
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
+from canary_instrument.rewrite.transforms.scaffold import report_unusable
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
@@ -63,16 +62,6 @@ def site_statement(parsed: ParsedFile, match: SiteMatch, unit: str, limit: int) 
 
 def free_runtime_names(text: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and n.id in RUNTIME_EXPORTS}
-
-
-def undefined_names(match: SiteMatch) -> list[str]:
-    """Names the site's wiring reads that its function neither receives nor assigns (nor are builtins)."""
-    wanted = {n.id for n in ast.walk(ast.parse(match.wiring(), mode="eval")) if isinstance(n, ast.Name)}
-    defined = {a.arg for a in parameters(match.method)}
-    for node in ast.walk(match.method):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            defined.add(node.id)
-    return sorted(name for name in wanted - defined if name not in dir(builtins) and name not in RUNTIME_EXPORTS)
 
 
 def factory_local(match: SiteMatch) -> str:
@@ -127,31 +116,21 @@ def imports_of(names, imports: Imports) -> list[tuple[str, str | None, str | Non
 def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
     """Canary code the transform leaves alone because no role (or more than one) covers it."""
     for problem in parsed.analysis.problems:
-        if problem.kind == "unknown":
-            result.findings.append(parsed.finding(
-                problem.node, UNKNOWN_HAND_WIRING,
-                f"`{problem.name}` holds hand-written canary wiring no catalog role covers; left alone "
-                f"(add under [tool.canary-instrument]: {problem.detail})",
-            ))
-        elif problem.kind == "ambiguous":
-            result.findings.append(parsed.finding(
-                problem.node, AMBIGUOUS_ROLE,
-                f"`{problem.name}` fits the catalog roles {problem.detail} equally well; left alone",
-            ))
-        elif problem.kind == "stray":
-            result.findings.append(parsed.finding(
-                problem.node, STRAY_PLACEHOLDER,
-                f"stray placeholder `{problem.name}` ({problem.detail}); left alone: no catalog role admits it "
-                "here (remove it, or add its site to the catalog)",
-            ))
+        report = _LEFT_ALONE.get(problem.kind)
+        if report is not None:
+            result.findings.append(report(parsed, problem))
+
+
+_LEFT_ALONE = {
+    "unknown": ci107_unknown_hand_wiring.left_alone,
+    "ambiguous": ci108_ambiguous_role.left_alone,
+    "stray": ci103_stray_placeholder.left_alone,
+}
 
 
 def report_unreachable(parsed: ParsedFile, result: RunResult) -> set[int]:
     """Classes whose generated member would read an attribute the class never uses: reported, left unwired."""
-    for info in parsed.analysis.unreachable:
-        result.findings.append(parsed.finding(
-            info.class_node, UNREACHABLE_MANAGER, unreachable_message(info, parsed.analysis),
-        ))
+    result.findings.extend(ci208_unreachable_manager.findings(parsed))
     return {id(info.class_node) for info in parsed.analysis.unreachable}
 
 
@@ -170,20 +149,13 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         if id(match.class_node) in unreachable:
             continue
         if match.state == "missing":
-            result.findings.append(parsed.finding(
-                match.first, MISSING_PLACEHOLDER,
-                f"{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first",
-            ))
+            result.findings.append(ci101_missing_placeholder.apply_finding(parsed, match))
             continue
         if match.state not in ("placeholder", "wired", "handwritten"):
             continue
-        undefined = undefined_names(match)
-        if undefined:
-            result.findings.append(parsed.finding(
-                match.anchor, UNDEFINED_IN_WIRING,
-                f"{match.site.role} site: the wiring `{match.wiring()}` uses {', '.join(undefined)}, which "
-                f"{match.where} does not define; left as it is (fix the catalog's wiring for this site)",
-            ))
+        undefined = ci207_undefined_in_wiring.site_finding(parsed, match)
+        if undefined is not None:
+            result.findings.append(undefined)
             continue
         if match.module_level:
             names |= free_runtime_names(match.wiring())

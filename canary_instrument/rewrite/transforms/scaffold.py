@@ -9,10 +9,11 @@ from __future__ import annotations
 import ast
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.files import SourceError
-from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, NOT_A_NO_OP
+from canary_instrument.rewrite.findings import NOT_A_NO_OP
 from canary_instrument.rewrite.locate import FileAnalysis, _is_wrapper, analyse
+from canary_instrument.rewrite.rules import ci105_incomplete_placeholder
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform, split_lines
 
 
@@ -27,20 +28,8 @@ def factory_spelling(parsed: ParsedFile, catalog: Catalog, plan: EditPlan) -> st
 
 
 def report_unusable(parsed: ParsedFile, result: RunResult) -> None:
-    for problem in parsed.analysis.problems:
-        if problem.kind == "incomplete":
-            result.findings.append(parsed.finding(
-                problem.node, INCOMPLETE_PLACEHOLDER,
-                f"`{problem.name}` is used but never assigned; add `{problem.name} = contextlib.nullcontext()` "
-                "before it",
-            ))
-    for match in parsed.analysis.sites:
-        if match.state == "other":
-            result.findings.append(parsed.finding(
-                match.anchor, INCOMPLETE_PLACEHOLDER,
-                f"{match.site.role} site: `{match.placeholder}` holds code that is neither a placeholder nor "
-                "wiring; left alone (make it a placeholder to let the tool manage it)",
-            ))
+    """Incomplete placeholders, which the transforms leave as they are."""
+    result.findings.extend(ci105_incomplete_placeholder.left_alone(parsed))
 
 
 def plan_scaffold(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:

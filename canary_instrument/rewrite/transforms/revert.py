@@ -8,10 +8,10 @@ placeholder state of a wired tree, of a migrated one and of upstream's hand-wire
 from __future__ import annotations
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog
-from canary_instrument.rewrite.plan import EditPlan, key_of
-from canary_instrument.rewrite.scaffold import factory_spelling, report_unusable
+from canary_instrument.rewrite.transforms.apply import imports_of, report_unhandled
+from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
+from canary_instrument.rewrite.transforms.scaffold import factory_spelling, report_unusable
 from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
-from canary_instrument.rewrite.wire import imports_of, report_unhandled
 
 
 def plan_revert(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:

@@ -1,0 +1,337 @@
+"""check's pass over the tree's files: what each needs, its report, and the files CI301's caller search brings in.
+
+Files the cache vouches for are not read again; on a large tree the reading is shared with a forked
+child (`parallel.Pair`). The rules are not applied here: `report_of` (check's) turns a parsed file
+into its `FileReport`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+
+from canary_instrument.catalog import Catalog
+from canary_instrument.rewrite.cache import CheckCache, content_hash
+from canary_instrument.rewrite.callgraph import CallGraph
+from canary_instrument.rewrite.files import SourceError, decode_source, read_source
+from canary_instrument.rewrite.findings import Finding
+from canary_instrument.rewrite.locate import analyse
+from canary_instrument.rewrite.modules import module_files
+from canary_instrument.rewrite.parallel import Pair
+from canary_instrument.rewrite.placement import Placement
+from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.reach import reach_facts, site_spans
+from canary_instrument.rewrite.report import FileReport
+from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
+from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
+
+ReportOf = Callable[[ParsedFile, Catalog], FileReport]
+
+# cache.extra (hashes of files' paths and content hashes):
+EXPANSION = "expansion"  # (candidate files, what the caller search looked for, the files it found)
+UNCOVERED = "uncovered"  # (every analysed file, CI301's findings)
+RESULT = "result"  # (every file, findings, file errors, files analysed)
+# How much more a byte of a file at a catalog location costs than a byte only read and scanned (the
+# ratio measured on the development releases; it only orders the work between the two processes).
+ANALYSED_WEIGHT = 100
+
+
+class Scan:
+    """One pass over the tree's files: what each needs, its report, and the callers CI301 needs.
+
+    On a large tree the files are shared between this process and a forked child (`parallel.Pair`),
+    which keeps the bytes of the files it read: the caller search runs on each side over those.
+    """
+
+    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None, report_of: ReportOf) -> None:
+        self.catalog = catalog
+        self.report_of = report_of  # a parsed file's report: the rules, applied by check
+        self.result = result
+        self.cache = cache if cache is not None and cache.enabled else None
+        self.reports: dict[str, FileReport | None] = {}  # analysed files (None: an error, reported)
+        self.needs: dict[str, int] = {}
+        self.seen: dict[str, bytes] = {}  # every file -> its content hash
+        self.others: list[tuple[str, os.stat_result]] = []  # files nothing needed (yet)
+        self.data: dict[str, bytes] = {}  # bytes of those, while this run has them
+        self.kept: dict[str, FileReport] = {}  # reports of such files a caller search found last time
+        self.errors: list[SourceError] = []  # files that could not be analysed
+        self.memo: tuple | None = None  # the cache's outcome, when no file changed since
+        self.changed: set[str] = set()  # files whose content is not what the cache knew
+        self._fingerprint: bytes | None = None
+        self.graph: CallGraph | None = None  # the call graph of all analysed files, once expand built it
+        self.pair = Pair({}, 0)  # this process and, once `files` forks one, the child that read half the tree
+        self.side: dict[str, int] = {}  # the side of the pair that read each file this run (0: this process)
+        self._searches: dict[int, CallerSearch] = {}  # each side's caller search over its files
+
+    @cached_property
+    def prefilter(self) -> Prefilter:
+        return Prefilter(self.catalog)  # its regexes cost more than a warm run's other work
+
+    def files(self, files: list[tuple[str, os.stat_result | None]]) -> None:
+        """Examine every file (on two cores when many must be read) and record the outcomes in order."""
+        cached = [self.cache.lookup(path, st) if self.cache is not None else None for path, st in files]
+        todo = [i for i, entry in enumerate(cached) if entry is None]
+        # Work costs by size, and per byte a file at a catalog location (parsed and analysed) costs
+        # ANALYSED_WEIGHT times one that is only read and scanned. The weights order the work, the
+        # heaviest first, so that the two processes sharing it end together.
+        weights = [
+            (files[i][1].st_size if files[i][1] is not None else 0) * (ANALYSED_WEIGHT if self.prefilter.path_matches(
+                files[i][0] if os.sep == "/" else Path(files[i][0]).as_posix()) else 1)
+            for i in todo
+        ]
+        if not todo and self.cache is not None:
+            self.seen = {path: entry[3] for (path, _), entry in zip(files, cached)}
+            memo = self.cache.extra.get(RESULT)
+            if memo is not None and memo[0] == self.fingerprint():
+                self.memo = memo
+                return
+        # Fork when there are enough bytes to read that a second process pays for itself.
+        size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
+        self.pair = Pair({
+            "examine": lambda i: self.examine(*files[i]), "find": self._find_side, "analyse": self._analyse_found,
+        }, size)
+        outcomes, sides = self.pair.map("examine", todo, weights)
+        for i, outcome, side in zip(todo, outcomes, sides):
+            cached[i] = outcome
+            if side:
+                self.side[files[i][0]] = side
+        for (path, st), entry in zip(files, cached):
+            self.record(path, st, entry)
+
+    def handed_off(self) -> None:
+        """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
+        are, they hold its after-capture hooks."""
+        handed = set().union(*(r.handed for r in self.reports.values() if r is not None))
+        while handed:
+            others = {Path(key): key for key, _ in self.others}
+            found = [others[path] for path in module_files(handed, others)]
+            handed = set()
+            self.others = [(key, st) for key, st in self.others if key not in found]
+            for key in found:
+                report = self.analyse(Path(key), self.data.get(key), SITES | REACH)
+                self.needs[key] = SITES | REACH
+                if isinstance(report, SourceError):
+                    self.errors.append(report)
+                    self.reports[key] = None
+                else:
+                    self.reports[key] = report
+                    handed |= report.handed
+
+    def fingerprint(self) -> bytes | None:
+        """A hash of every file's path and content hash (with a cache): equal means nothing changed."""
+        if self._fingerprint is None and self.cache is not None:
+            self._fingerprint = self._digest(self.seen)
+        return self._fingerprint
+
+    def _digest(self, keys) -> bytes:
+        return content_hash(b"".join(k.encode() + b"\0" + self.seen.get(k, b"") for k in sorted(keys)))
+
+    def examine(self, key: str, st) -> tuple:
+        """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
+        try:
+            data = _read(key, st.st_size if st is not None else 0)
+        except OSError:
+            return (None, None, None, b"", SITES | REACH, self.analyse(Path(key), None, SITES | REACH))
+        digest = content_hash(data) if self.cache is not None else b""
+        entry = self.cache.lookup_hash(key, digest) if self.cache is not None else None
+        if entry is not None:
+            return ("same", None, None, digest, entry[4], entry[5])  # touched, not changed
+        # A Path only for the few files analysed: building one per file of the tree costs more than its byte scan.
+        needs = self.prefilter.needs(key if os.sep == "/" else Path(key).as_posix(), data)
+        if not needs:
+            self.data[key] = data  # for the caller search (in a forked child, simply dropped)
+        return (None, None, None, digest, needs, self.analyse(Path(key), data, needs) if needs else None)
+
+    def record(self, key: str, st, entry: tuple) -> None:
+        digest, needs, payload = entry[3], entry[4], entry[5]
+        if entry[0] is None:
+            self.changed.add(key)
+        if self.cache is not None and st is not None and entry[0] in (None, "same") and digest:
+            self.cache.store(key, st, digest, needs, payload)
+        self.seen[key] = digest
+        self.needs[key] = needs
+        if needs:
+            payload = CheckCache.payload(payload)
+        if isinstance(payload, SourceError):
+            self.errors.append(payload)
+            self.reports[key] = None
+        elif needs:
+            self.reports[key] = payload
+        else:
+            self.others.append((key, st))
+            if payload is not None:
+                self.kept[key] = payload
+
+    def analyse(self, path: Path, data: bytes | None, needs: int) -> FileReport | SourceError:
+        try:
+            # A file at a catalog location is always read and parsed, so that a bad one is reported
+            # (exit 2) even when it holds nothing the rules look at.
+            source = read_source(path) if data is None else decode_source(path, data)
+            tree = parse_source(source)
+            if not needs & SITES and not (needs & REACH and self.catalog.triggers):
+                return FileReport(path=path, placement=self._placement(path, needs))
+            lines = split_lines(source.text)
+            spans = []
+            if needs & SITES:
+                parsed = ParsedFile(source, tree, lines, analyse(path, tree, self.catalog, lines))
+                if parsed.analysis.sites or parsed.analysis.hooks:
+                    screen_round_trip(parsed)
+                report = self.report_of(parsed, self.catalog)
+                spans = site_spans(parsed.analysis)
+            else:
+                report = FileReport(path=path, placement=self._placement(path, needs))
+            if needs & REACH and self.catalog.triggers:
+                report.reach = reach_facts(path, tree, lines, spans, self.catalog)
+            return report
+        except SourceError as error:
+            return error
+
+    def _placement(self, path: Path, needs: int) -> Placement | None:
+        """A file at a catalog location that check does not analyse: the roles expected there."""
+        return Placement(path, self._roles(path)) if needs & ROLES else None
+
+    def _roles(self, path: Path) -> set[str]:
+        """The roles with a candidate location at this path (what locate reports as expected there)."""
+        posix = path.as_posix()
+        return {entry.role for entry, location in self.catalog.locations() if location.matches_path(posix)}
+
+    def _bytes(self, key: str) -> bytes:
+        data = self.data.get(key)
+        if data is None:
+            try:
+                with open(key, "rb") as handle:
+                    data = self.data[key] = handle.read()
+            except OSError:
+                data = b""
+        return data
+
+    def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
+        """CI301's findings; those of the cache's run when no file changed since (the call graph is
+        the largest part of a warm run)."""
+        analysed = self._digest(self.reports) if self.cache is not None else None  # all CI301 reads
+        memo = self.cache.extra.get(UNCOVERED) if self.cache is not None else None
+        if memo is not None and memo[0] == analysed:
+            return list(memo[1])
+        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+        graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
+        found = uncovered_findings(files, self.catalog, graph)
+        if self.cache is not None:
+            self.cache.set_extra(UNCOVERED, (analysed, tuple(found)))
+        return found
+
+    def expand(self) -> None:
+        """Bring in the files that may call a function on an uncovered forward path, until none is left.
+
+        The call graph of the analysed files says which functions matter; a byte search of the other
+        files finds their callers (`CallerSearch`). While the candidate files and the files that search
+        found are those of the cache's run, so is the outcome, unless a changed file matches one of
+        the names that run searched for: then only the changed files are read."""
+        if not self.catalog.triggers:
+            return
+        candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
+        memo = self.cache.extra.get(EXPANSION) if self.cache is not None else None
+        if memo is not None and memo[0] == candidates and all(k in self.kept and k not in self.changed for k in memo[2]):
+            changed = [key for key, _ in self.others if key in self.changed and key not in memo[2]]
+            if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
+                for key in memo[2]:
+                    self.reports[key] = CheckCache.payload(self.kept[key])
+                return
+        searched: set = set()
+        found_keys: list[str] = []
+        taken: set[str] = set()  # files a search round found (analysed, or not analysable)
+        parts = None
+        while True:
+            graph = self.graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
+            wanted = callers_wanted(graph) - searched
+            if not wanted or not self.others:
+                break
+            searched |= wanted
+            if parts is None:
+                parts = self._parts()
+                position = {key: index for index, (key, _) in enumerate(self.others)}
+                stats = dict(self.others)
+            # Each side searches the files whose bytes it holds; the files found are then analysed on
+            # both sides, split by size (one side may find all of them). Reports join the tree in the
+            # order of the files, as one search over all of them would give.
+            if self.pair.forked:
+                here, there = self.pair.both("find", (0, parts[0], wanted, taken), (1, parts[1], wanted, taken))
+                hits = here + there
+            else:
+                hits = self._find_side(0, parts[0], wanted, taken) + self._find_side(1, parts[1], wanted, taken)
+            hits.sort(key=position.__getitem__)
+            fresh = [key for key in hits if key not in self.kept]
+            analysed, _ = self.pair.map("analyse", fresh, [stats[key].st_size if stats[key] else 0 for key in fresh])
+            found = list(zip(fresh, analysed)) + [(key, None) for key in hits if key in self.kept]
+            taken.update(hits)
+            added = False
+            for key, report in sorted(found, key=lambda item: position[item[0]]):
+                if report is None:
+                    report = CheckCache.payload(self.kept[key])
+                elif isinstance(report, SourceError):
+                    continue  # found only by this search, not a candidate: its errors are not check's
+                elif self.cache is not None and stats[key] is not None and key in self.seen:
+                    self.cache.store(key, stats[key], self.seen[key], 0, report)
+                self.reports[key] = report
+                found_keys.append(key)
+                added = True
+            if not added:
+                break  # the call graph just built is the tree's: all it wants was searched for
+        if self.cache is not None:
+            self.cache.set_extra(EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
+
+    def _parts(self) -> tuple[list[str], list[str]]:
+        """The files no rule needed, split by the side of the pair that holds their bytes; files read by
+        neither (unchanged since the cache's run) go to the side with fewer bytes so far. Each round
+        searches every byte of a side once per name, so the sides are then evened out: the side with
+        more bytes hands its last files over (the other reads them once, then keeps them)."""
+        parts: tuple[list[str], list[str]] = ([], [])
+        totals = [0, 0]
+        size = {key: st.st_size if st is not None else 0 for key, st in self.others}
+        for key, _ in self.others:
+            side = self.side.get(key)
+            if side is None:
+                side = 0 if totals[0] <= totals[1] or not self.pair.forked else 1
+            parts[side].append(key)
+            totals[side] += size[key]
+        if self.pair.forked:
+            heavy = 0 if totals[0] > totals[1] else 1
+            while parts[heavy] and totals[heavy] - size[parts[heavy][-1]] >= totals[1 - heavy]:
+                key = parts[heavy].pop()
+                parts[1 - heavy].append(key)
+                totals[heavy] -= size[key]
+                totals[1 - heavy] += size[key]
+        return parts
+
+    def _find_side(self, side: int, keys: list[str], wanted, taken) -> list[str]:
+        """The files among `keys` (this side's files, the same every round) that may call what `wanted`
+        names, `taken` (found by earlier rounds) aside. Runs on either side of the pair: bytes in
+        memory are only spared a read."""
+        if not keys:
+            return []
+        search = self._searches.get(side)
+        if search is None:
+            search = self._searches[side] = CallerSearch([self._bytes(key) for key in keys])
+        return [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked)) if keys[i] not in taken]
+
+    def _analyse_found(self, key: str) -> FileReport | SourceError:
+        """The call-graph report of a file the caller search found (its bytes read again where this
+        side does not hold them)."""
+        return self.analyse(Path(key), self.data.get(key), REACH)
+
+
+def _read(path: str, size: int) -> bytes:
+    """A file's bytes, read by its descriptor in one read of its expected `size` (a file object costs
+    more than the read itself for the small files most of a tree is), then to its end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        chunks = []
+        want = size + 1
+        while chunk := os.read(fd, want):
+            chunks.append(chunk)
+            want = 1 << 20
+        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+    finally:
+        os.close(fd)
+
