@@ -10,7 +10,7 @@ from __future__ import annotations
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.scaffold import factory_spelling, report_unusable
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
 from canary_instrument.rewrite.wire import imports_of, report_unhandled
 
 

@@ -10,10 +10,10 @@ import ast
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.plan import EditPlan, key_of
-from canary_instrument.rewrite.files import SourceError
+from canary_instrument.rewrite.io.files import SourceError
 from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, NOT_A_NO_OP
-from canary_instrument.rewrite.locate import FileAnalysis, _is_wrapper, analyse
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform, split_lines
+from canary_instrument.rewrite.analysis.locate import FileAnalysis, _is_wrapper, analyse
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform, split_lines
 
 
 def factory_spelling(parsed: ParsedFile, catalog: Catalog, plan: EditPlan) -> str:

@@ -22,13 +22,13 @@ from canary_instrument.rewrite.findings import (
     UNKNOWN_HAND_WIRING,
     UNREACHABLE_MANAGER,
 )
-from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
-from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
-from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of, unreachable_message
+from canary_instrument.rewrite.analysis.layout import fit, indent_lines, line_limit
+from canary_instrument.rewrite.analysis.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
+from canary_instrument.rewrite.analysis.placement import Placement, placement_findings, placement_of, unreachable_message
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.scaffold import report_unusable
-from canary_instrument.rewrite.shapes import parameters, same_code
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.shapes import parameters, same_code
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
 MEMBER_RETURN = "return canary_context(manager, forward_batch, outside=outside, active=active)"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from canary_instrument.rewrite.naming import receiver_fits
-from canary_instrument.rewrite.reach import MODULE, DefFacts, Edge, ReachFacts
+from canary_instrument.rewrite.analysis.naming import receiver_fits
+from canary_instrument.rewrite.analysis.reach import MODULE, DefFacts, Edge, ReachFacts
 
 DefKey = tuple[int, str]  # (file index, function qualname)
 ClassKey = tuple[int, str]  # (file index, class qualname)

@@ -7,7 +7,7 @@ Standard-library `ast` only, so `check` stays fast. This is the one site-locatin
 Sites come from what is there: an assignment `NAME = VALUE` (NAME a catalog placeholder name
 or canary-named, `canary*_ctx`) that a later `with` of its block enters, or that is passed to a
 call, is a site; VALUE says its state (placeholder, generated wiring, upstream's hand-written
-wiring); the shape around it gives its role (rewrite/roles.py). In a tree with no placeholder
+wiring); the shape around it gives its role (rewrite/analysis/roles.py). In a tree with no placeholder
 yet, the catalog's location hints say where scaffold puts them.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from canary_instrument.catalog import Catalog, Location, Manager, Site, call_matches
 from canary_instrument.rewrite.handwritten import HandWired, last_name, parse_site
-from canary_instrument.rewrite.hooks import HookMatch, locate_hooks
-from canary_instrument.rewrite.roles import (
+from canary_instrument.rewrite.analysis.hooks import HookMatch, locate_hooks
+from canary_instrument.rewrite.analysis.roles import (
     Context,
     class_manager,
     in_catalog_spelling,
@@ -31,7 +31,7 @@ from canary_instrument.rewrite.roles import (
     scoped_manager,
     suggest_entry,
 )
-from canary_instrument.rewrite.shapes import (
+from canary_instrument.rewrite.analysis.shapes import (
     FUNCTIONS,
     ClassFacts,
     Imports,

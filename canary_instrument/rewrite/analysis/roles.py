@@ -17,7 +17,7 @@ from fnmatch import fnmatchcase
 
 from canary_instrument.catalog import Catalog, Manager, Site
 from canary_instrument.rewrite.handwritten import HandWired
-from canary_instrument.rewrite.shapes import ClassFacts, expand_alias, matched_patterns
+from canary_instrument.rewrite.analysis.shapes import ClassFacts, expand_alias, matched_patterns
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
 from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
-from canary_instrument.rewrite.shapes import (
+from canary_instrument.rewrite.analysis.shapes import (
     FUNCTIONS,
     ClassFacts,
     Imports,
