@@ -27,7 +27,7 @@ from canary_instrument.rewrite.analysis.locate import MEMBER_MARKER, FileAnalysi
 from canary_instrument.rewrite.analysis.placement import Placement, placement_findings, placement_of, unreachable_message
 from canary_instrument.rewrite.plan import EditPlan, key_of
 from canary_instrument.rewrite.scaffold import report_unusable
-from canary_instrument.rewrite.analysis.shapes import parameters, same_code
+from canary_instrument.rewrite.syntax.nodes import parameters, same_code
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"

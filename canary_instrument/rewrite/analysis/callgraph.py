@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from canary_instrument.rewrite.analysis.naming import receiver_fits
-from canary_instrument.rewrite.analysis.reach import MODULE, DefFacts, Edge, ReachFacts
+from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts
 
 DefKey = tuple[int, str]  # (file index, function qualname)
 ClassKey = tuple[int, str]  # (file index, class qualname)

@@ -25,23 +25,22 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
-from canary_instrument.rewrite.analysis.shapes import (
-    FUNCTIONS,
-    ClassFacts,
-    Imports,
-    calls_matcher,
-    dotted_name,
-    first_statement,
-    function_model_runner,
-    functions_of,
-    iter_calls,
-    parameters,
-    statements,
-    top_statement,
-    walk_blocks,
+from canary_instrument.catalog import Catalog, Hook
+from canary_instrument.rewrite.handwritten import HandHook, parse_hook
+from canary_instrument.rewrite.analysis.hook_places import (
+    CallIndex,
+    hook_callee,
+    expand,
+    handed_off,
+    hook_scopes,
+    module_functions,
+    place_after_assign,
+    place_after_capture,
 )
+from canary_instrument.rewrite.analysis.shapes import ClassFacts
+from canary_instrument.rewrite.syntax.blocks import walk_blocks
+from canary_instrument.rewrite.syntax.imports import Imports
+from canary_instrument.rewrite.syntax.nodes import dotted_name, functions_of, statements
 
 
 @dataclass
@@ -71,303 +70,6 @@ class HookMatch:
         return f"{self.class_node.name}.{self.method.name}" if self.class_node is not None else self.method.name
 
 
-@dataclass
-class _Scope:
-    class_node: ast.ClassDef | None
-    runner: str  # the model runner as the scope spells it (`self`, a parameter, `self.tp_worker.model_runner`)
-    functions: list
-    owner: tuple[str, str] | None = None  # (catalog's, class's) spelling of a manager owner held under another name
-
-
-def expand(hook: Hook, runner: str, value: str = "") -> str:
-    return hook.statement.replace("{model_runner}", runner).replace("{value}", value)
-
-
-def _callee(hook: Hook) -> str | None:
-    node = ast.parse(expand(hook, "self", "self.value")).body[0]
-    value = node.value
-    return last_name(value.func) if isinstance(value, ast.Call) else None
-
-
-def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers) -> list[_Scope]:
-    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}."""
-    shape = catalog.model_runner
-    scopes = []
-    for cls in classes:
-        info = facts(cls)
-        methods = list(info.methods.values())
-        if hook.scope == "model_runner" and info.is_model_runner(shape):
-            scopes.append(_Scope(cls, "self", methods))
-        elif hook.scope == "holder" and not info.is_model_runner(shape):
-            held = info.held_model_runner(shape)
-            if held is not None:
-                scopes.append(_Scope(cls, held, methods))
-        elif hook.scope == "manager":
-            owner = catalog.managers[hook.manager].owner
-            spelled = site_managers.get(id(cls), {}).get(hook.manager)
-            if spelled is not None and spelled.owner != owner:
-                # The class's sites run on this manager, held under the class's own name for it.
-                scopes.append(_Scope(cls, "self", methods, (owner, spelled.owner)))
-            elif info.reaches(owner):
-                scopes.append(_Scope(cls, "self", methods))
-    if hook.scope == "model_runner":
-        module = {}
-        for node in tree.body:
-            if isinstance(node, FUNCTIONS) and (runner := function_model_runner(node, shape)) is not None:
-                module.setdefault(runner, []).append(node)
-        scopes.extend(_Scope(None, runner, functions) for runner, functions in module.items())
-    return scopes
-
-
-def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    return {node.name: node for node in tree.body if isinstance(node, FUNCTIONS)}
-
-
-def _passes(call: ast.Call, runner: str) -> bool:
-    values = [*call.args, *(k.value for k in call.keywords)]
-    return any(dotted_name(value) == runner for value in values)
-
-
-def _own_callee(call: ast.Call, scope: _Scope, module: dict):
-    """The function of this file a call runs: `self.m()` in a class, `g()` at module level."""
-    name = dotted_name(call.func)
-    if name is None:
-        return None
-    if scope.class_node is not None and name.startswith("self.") and name.count(".") == 1:
-        return next((f for f in scope.functions if f.name == name[5:]), None)
-    if "." not in name:
-        return module.get(name)
-    return None
-
-
-def _calls_in(function):
-    for stmt in function.body:
-        yield from iter_calls(stmt)
-
-
-class _Calls:
-    """The calls each function of a file runs (`iter_calls` of its statements, in that order), listed
-    once per file: every hook asks about the same functions."""
-
-    def __init__(self) -> None:
-        self._calls: dict[int, list[ast.Call]] = {}
-        self._matching: dict[tuple, list[ast.Call]] = {}
-
-    def __call__(self, function) -> list[ast.Call]:
-        calls = self._calls.get(id(function))
-        if calls is None:
-            calls = self._calls[id(function)] = list(_calls_in(function))
-        return calls
-
-    def matching(self, function, patterns) -> list[ast.Call]:
-        """The calls of `function` whose dotted name matches one of the catalog call `patterns`."""
-        key = (id(function), tuple(patterns))
-        found = self._matching.get(key)
-        if found is None:
-            matcher = calls_matcher(key[1])
-            found = self._matching[key] = [
-                call for call in self(function) if (name := dotted_name(call.func)) is not None and matcher(name)
-            ]
-        return found
-
-
-def _capture_calls(function, hook: Hook, calls: _Calls) -> list[ast.Call]:
-    return calls.matching(function, hook.after_calls)
-
-
-def _early_return(function) -> bool:
-    last = function.body[-1]
-    # A return is a statement, and statements nest only in statements' blocks.
-    for block, _, _ in walk_blocks(function.body):
-        if any(isinstance(stmt, ast.Return) and stmt is not last for stmt in block):
-            return True
-    return False
-
-
-def _end_of(function, hook: Hook, calls: _Calls) -> tuple[ast.stmt, str]:
-    """Where "at the end" of a function is: before its final return, else after its last statement.
-
-    A function that can return early gets the hook right after its last statement that
-    captures instead, so that no path skips it.
-    """
-    if _early_return(function):
-        captures = _capture_calls(function, hook, calls)
-        tops = [top_statement(function, call) for call in captures]
-        if tops:
-            return max(tops, key=lambda stmt: stmt.lineno), "after"
-    last = function.body[-1]
-    if isinstance(last, ast.Return) and len(function.body) > 1:
-        return last, "before"
-    return last, "after"
-
-
-def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
-    """The function of this file that `stmt` hands the model runner to (`finalize(model_runner)`,
-    possibly under an `if`), else None."""
-    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
-        stmt = stmt.body[0]
-    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
-        return None
-    call = stmt.value
-    name = dotted_name(call.func)
-    if name is None or "." in name or name not in module or not _passes(call, scope.runner):
-        return None
-    return module[name]
-
-
-def _handed_off(hook: Hook, scope: _Scope, module: dict, calls: _Calls, imports: Imports) -> set[str]:
-    """The modules whose functions this scope hands the model runner to for capture (`capture_graphs(self)`,
-    imported): where its `after_capture` hook goes, though no catalog location names that file."""
-    found = set()
-    for function in scope.functions:
-        for call in _capture_calls(function, hook, calls):
-            name = dotted_name(call.func)
-            if _own_callee(call, scope, module) is None and _passes(call, scope.runner):
-                qualified = imports.resolve(name)
-                if qualified != name or "." in name:
-                    found.add(qualified.rpartition(".")[0])
-    return found
-
-
-def _place_after_capture(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
-    captures = {id(f): _capture_calls(f, hook, calls) for f in scope.functions}
-    memo: dict[int, bool] = {}
-
-    def delegated(function, seen=()) -> bool:
-        if id(function) in memo:
-            return memo[id(function)]
-        if id(function) in seen:
-            return False
-        result = True
-        for call in captures.get(id(function)) or _capture_calls(function, hook, calls):
-            own = _own_callee(call, scope, module)
-            if own is not None:
-                if not (_capture_calls(own, hook, calls) and delegated(own, (*seen, id(function)))):
-                    result = False
-            elif not _passes(call, scope.runner):
-                result = False
-        memo[id(function)] = result
-        return result
-
-    candidates = [f for f in scope.functions if captures[id(f)] and not delegated(f)]
-    if not candidates:
-        return None
-    called = {
-        id(own) for f in candidates for call in captures[id(f)]
-        if (own := _own_callee(call, scope, module)) is not None
-    }
-
-    def kinds(function):
-        return len({dotted_name(call.func).rpartition(".")[2] for call in captures[id(function)]})
-
-    best = max(candidates, key=lambda f: (kinds(f), id(f) not in called, -f.lineno))
-    anchor, mode = _end_of(best, hook, calls)
-    before = anchor if mode == "after" else _previous(best, anchor)
-    target = _handed_over_to(before, scope, module) if before is not None else None
-    if target is not None:
-        anchor, mode = _end_of(target, hook, calls)
-        return target, anchor, mode
-    return best, anchor, mode
-
-
-def _previous(function, stmt):
-    index = next(i for i, s in enumerate(function.body) if s is stmt)
-    return function.body[index - 1] if index else None
-
-
-def _builds(node: ast.AST, function, scope: _Scope, hook: Hook) -> str | None:
-    """The target text when `node` assigns one of the hook's attributes a value the scope builds, else None."""
-    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
-        return None
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    flat = []
-    for target in targets:
-        flat.extend(target.elts if isinstance(target, ast.Tuple) else [target])
-    names = [dotted_name(t) for t in flat if isinstance(t, ast.Attribute)]
-    owner = "self" if scope.class_node is not None else scope.runner
-    wanted = [n for n in names if n is not None and n.rpartition(".")[0] == owner
-              and n.rpartition(".")[2] in hook.assigns]
-    if not wanted:
-        return None
-    value = node.value
-    if isinstance(value, ast.Constant):
-        return None
-    root = value
-    while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
-        root = root.func if isinstance(root, ast.Call) else root.value
-    handed = {a.arg for a in parameters(function)} - {"self", scope.runner}
-    if isinstance(root, ast.Name) and root.id in handed:
-        return None  # an attribute handed to this scope, not built by it
-    return wanted[0]
-
-
-def _plain_assignment(stmt: ast.stmt) -> bool:
-    """An attribute assignment without calls, or an `if` holding only those: what follows the pool and belongs to it."""
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-        if stmt.value is None or any(True for _ in iter_calls(stmt.value)):
-            return False
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return all(isinstance(t, ast.Attribute) for t in targets)
-    if isinstance(stmt, ast.If):
-        return all(_plain_assignment(s) for s in (*stmt.body, *stmt.orelse))
-    return False
-
-
-def _place_after_assign(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
-    found = []  # (function, top statement, built value or None)
-    for function in scope.functions:
-        # A statement of the function can call a builder only when the function does (most do not).
-        builder = bool(hook.after_calls) and bool(calls.matching(function, hook.after_calls))
-        for block, _, _ in walk_blocks(function.body):
-            for stmt in block:
-                value = _builds(stmt, function, scope, hook)
-                if value is not None:
-                    found.append((function, top_statement(function, stmt), value))
-                elif builder and not any(isinstance(_, ast.stmt) for _ in ast.iter_child_nodes(stmt)) and any(
-                    call_matches(name, p) for call in iter_calls(stmt)
-                    if (name := dotted_name(call.func)) is not None for p in hook.after_calls
-                ):
-                    found.append((function, top_statement(function, stmt), None))
-    if not found:
-        return None
-    function, anchor, value = min(found, key=lambda item: item[1].lineno)
-    if value is not None:
-        caller = _caller(function, scope, module, calls)
-        if caller is not None:
-            function, anchor = caller
-        else:
-            body = function.body
-            index = next(i for i, s in enumerate(body) if s is anchor)
-            while index + 1 < len(body) and _plain_assignment(body[index + 1]):
-                index += 1
-            anchor = body[index]
-    body = function.body
-    index = next(i for i, s in enumerate(body) if s is anchor)
-    if index + 2 == len(body):
-        follow = body[-1]
-        if isinstance(follow, ast.Expr) and isinstance(follow.value, ast.Call) and not follow.value.args \
-                and not follow.value.keywords:
-            target = _own_callee(follow.value, scope, module)
-            if target is not None and target is not function:
-                return target, first_statement(target), "before", value
-    return function, anchor, "after", value
-
-
-def _caller(function, scope: _Scope, module: dict, calls: _Calls):
-    """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
-    for other in scope.functions:
-        if other is function:
-            continue
-        for call in calls(other):
-            # The name test first: resolving every call of a 150-method class is most of the search.
-            func = call.func
-            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
-                continue
-            if _own_callee(call, scope, module) is function:
-                return other, top_statement(other, call)
-    return None
-
-
 def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None,
               site_managers=None) -> dict[str, list[PresentHook]]:
     """Every hook statement already in the file, by role: generated ones and hand-written ones
@@ -375,7 +77,7 @@ def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, funct
     {manager name: the manager as the class's sites spell it})."""
     by_callee: dict[str, list[Hook]] = {}
     for hook in catalog.hooks:
-        callee = _callee(hook)
+        callee = hook_callee(hook)
         if callee is not None:
             by_callee.setdefault(callee, []).append(hook)
     present: dict[str, list[PresentHook]] = {}
@@ -422,7 +124,7 @@ def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks, spelled: dict) -
             if hand.manager in expressions:
                 return hook.role
     for hook in catalog.hooks:
-        if _KINDS.get(_callee(hook)) == hand.kind and hook not in manager_hooks:
+        if _KINDS.get(hook_callee(hook)) == hand.kind and hook not in manager_hooks:
             return hook.role
     return None
 
@@ -460,8 +162,8 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
     present = recognise(tree, catalog, imports, facts, functions, site_managers)
-    module = _module_functions(tree)
-    calls = _Calls()
+    module = module_functions(tree)
+    calls = CallIndex()
     # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
@@ -472,17 +174,17 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         else:
             if classes is None:
                 classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = _scopes(hook, tree, classes, facts, catalog, site_managers)
+            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
         for scope in scopes:
             if hook.place == "after_capture":
                 if handed is not None and scope.class_node is not None:
-                    handed |= _handed_off(hook, scope, module, calls, imports)
-                found = _place_after_capture(hook, scope, module, calls)
+                    handed |= handed_off(hook, scope, module, calls, imports)
+                found = place_after_capture(hook, scope, module, calls)
                 if found is not None:
                     function, anchor, mode = found
                     placed.append((scope, function, anchor, mode, ""))
             else:
-                found = _place_after_assign(hook, scope, module, calls)
+                found = place_after_assign(hook, scope, module, calls)
                 if found is not None:
                     function, anchor, mode, value = found
                     placed.append((scope, function, anchor, mode, value or ""))
