@@ -16,7 +16,7 @@ from pathlib import Path
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
 from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
-from canary_instrument.rewrite.analysis.naming import receiver_fits
+from canary_instrument.rewrite.syntax.naming import receiver_fits
 from canary_instrument.rewrite.analysis.reach import MODULE, ReachFacts, TriggerCall
 
 _CHAIN = 4  # functions of the path shown in a finding

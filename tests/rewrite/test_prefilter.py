@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from canary_instrument.catalog import load_catalog
-from canary_instrument.rewrite.analysis.naming import head_noun, receiver_fits
+from canary_instrument.rewrite.syntax.naming import head_noun, receiver_fits
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
 
 

@@ -1,1 +1,1 @@
-"""What the rewriter learns from the sources: site and hook location, roles, reachability, the call graph and placement."""
+"""What the rewriter learns from sources: sites, hooks, roles, reachability, the call graph, placement."""

@@ -1,4 +1,4 @@
-"""Where a hook goes in its scope, by shape: after the statement that builds what it needs, or at the end of graph capture.
+"""Where a hook goes in its scope, by shape: after what builds what it needs, or at the end of graph capture.
 
 The rules themselves are in hooks.py's header (docs/cli.md, "Hooks"). Standard-library `ast` only.
 """
@@ -9,12 +9,19 @@ import ast
 from dataclasses import dataclass
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.handwritten import last_name
 from canary_instrument.rewrite.analysis.shapes import function_model_runner
+from canary_instrument.rewrite.handwritten import last_name
 from canary_instrument.rewrite.syntax.blocks import top_statement, walk_blocks
-from canary_instrument.rewrite.syntax.calls import calls_matcher, iter_calls
+from canary_instrument.rewrite.syntax.calls import calls_matcher
 from canary_instrument.rewrite.syntax.imports import Imports
-from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, first_statement, parameters, statements
+from canary_instrument.rewrite.syntax.nodes import (
+    FUNCTIONS,
+    dotted_name,
+    first_statement,
+    iter_calls,
+    parameters,
+    statements,
+)
 
 
 @dataclass
@@ -305,7 +312,7 @@ def _caller(function, scope: _HookScope, module: dict, calls: CallIndex):
         if other is function:
             continue
         for call in calls(other):
-            # The name test first: resolving every call of a 150-method class is most of the search.
+            # The name test first: resolving every call of a large class is most of the search.
             func = call.func
             if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
                 continue

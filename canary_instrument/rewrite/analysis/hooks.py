@@ -26,7 +26,6 @@ import re
 from dataclasses import dataclass, field
 
 from canary_instrument.catalog import Catalog, Hook
-from canary_instrument.rewrite.handwritten import HandHook, parse_hook
 from canary_instrument.rewrite.analysis.hook_places import (
     CallIndex,
     hook_callee,
@@ -38,6 +37,7 @@ from canary_instrument.rewrite.analysis.hook_places import (
     place_after_capture,
 )
 from canary_instrument.rewrite.analysis.shapes import ClassFacts
+from canary_instrument.rewrite.handwritten import HandHook, parse_hook
 from canary_instrument.rewrite.syntax.blocks import walk_blocks
 from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import dotted_name, functions_of, statements
@@ -164,7 +164,7 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
     present = recognise(tree, catalog, imports, facts, functions, site_managers)
     module = module_functions(tree)
     calls = CallIndex()
-    # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
+    # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
         match = HookMatch(hook, present=present.get(hook.role, []))

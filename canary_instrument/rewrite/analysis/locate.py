@@ -18,7 +18,6 @@ from bisect import bisect_left
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog, Site, call_matches
-from canary_instrument.rewrite.handwritten import last_name, parse_site
 from canary_instrument.rewrite.analysis.hooks import HookMatch, locate_hooks
 from canary_instrument.rewrite.analysis.roles import (
     Context,
@@ -29,6 +28,7 @@ from canary_instrument.rewrite.analysis.roles import (
     scoped_manager,
     suggest_entry,
 )
+from canary_instrument.rewrite.analysis.shapes import ClassFacts, function_model_runner, names_runner
 from canary_instrument.rewrite.analysis.sites import (
     MEMBER_MARKER,
     FileAnalysis,
@@ -37,11 +37,19 @@ from canary_instrument.rewrite.analysis.sites import (
     SiteMatch,
     value_kind,
 )
-from canary_instrument.rewrite.analysis.shapes import ClassFacts, function_model_runner, names_runner
+from canary_instrument.rewrite.handwritten import last_name, parse_site
 from canary_instrument.rewrite.syntax.blocks import child_blocks, loop_index, walk_blocks
-from canary_instrument.rewrite.syntax.calls import call_names, calls_any, iter_calls
+from canary_instrument.rewrite.syntax.calls import call_names, calls_any
 from canary_instrument.rewrite.syntax.imports import Imports
-from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, FUNCTIONS, dotted_name, local_aliases, same_code, statements
+from canary_instrument.rewrite.syntax.nodes import (
+    CANARY_CONTEXT,
+    FUNCTIONS,
+    dotted_name,
+    iter_calls,
+    local_aliases,
+    same_code,
+    statements,
+)
 
 __all__ = [
     "MEMBER_MARKER", "FileAnalysis", "HookMatch", "Imports", "MemberInfo", "Problem", "SiteMatch",

@@ -26,6 +26,7 @@ from canary_instrument.rewrite.analysis.reach_records import (
     module_name,
     site_spans,
 )
+from canary_instrument.rewrite.syntax.imports import bindings
 from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted
 
 __all__ = ["MODULE", "ClassRecord", "DefFacts", "Edge", "ReachFacts", "TriggerCall", "reach_facts", "site_spans"]
@@ -142,22 +143,12 @@ class _FactsBuilder(CallFacts):
                 self.add_import(node)
 
     def add_import(self, node) -> None:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    self.imports[alias.asname] = alias.name
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for local, qualified, bare in bindings(node, self.package):
+                if bare:
+                    self.imports.setdefault(local, qualified)  # `import a.b` keeps what `a` already names
                 else:
-                    top = alias.name.split(".")[0]
-                    self.imports.setdefault(top, top)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = self.package[: len(self.package) - (node.level - 1)] if node.level > 1 else self.package
-                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            else:
-                module = node.module or ""
-            for alias in node.names:
-                if alias.name != "*":
-                    self.imports[alias.asname or alias.name] = f"{module}.{alias.name}" if module else alias.name
+                    self.imports[local] = qualified
 
     def walk_block(self, stmts, scope: FunctionScope, cls: str | None) -> None:
         for stmt in stmts:

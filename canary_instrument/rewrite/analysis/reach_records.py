@@ -36,8 +36,8 @@ MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class
 
 def _pickled_as_call(cls):
     """Pickle a record as a call of its class with its fields: a file's facts cross a pipe between
-    check's two processes, and the default (through copyreg and `__getnewargs__`) takes half as long
-    again for the thousands of edges a file holds."""
+    check's two processes, and the default (through copyreg and `__getnewargs__`) is slower for the
+    many edges a file holds."""
     cls.__reduce__ = lambda self: (cls, tuple(self))
     return cls
 

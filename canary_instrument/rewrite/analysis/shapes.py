@@ -10,7 +10,7 @@ import re
 from fnmatch import fnmatchcase
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
-from canary_instrument.rewrite.syntax.nodes import CHILD_FIELDS, FUNCTIONS, child_fields, dotted_name, parameters, walk
+from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, parameters, refs_and_calls, walk
 
 
 def names_runner(name: str, shape: ModelRunnerShape) -> bool:
@@ -76,47 +76,7 @@ class ClassFacts:
         return self._calls
 
     def _collect(self) -> None:
-        refs: set[str] = set()
-        calls: list[str] = []
-        stack = list(self.node.body)
-        pop, append, extend = stack.pop, stack.append, stack.extend
-        get = CHILD_FIELDS.get
-        AST, Attribute, Name, Call, ClassDef = ast.AST, ast.Attribute, ast.Name, ast.Call, ast.ClassDef
-        while stack:
-            node = pop()
-            kind = type(node)
-            if kind is ClassDef or node is None:
-                continue
-            if kind is Attribute:
-                # A chain `self.a.b` on a name holds nothing but its prefixes (`self.a`, `self`): add
-                # them all here rather than naming each link again from its root.
-                parts = []
-                root = node
-                while type(root) is Attribute:
-                    parts.append(root.attr)
-                    root = root.value
-                if type(root) is Name:
-                    name = root.id
-                    refs.add(name)
-                    for part in reversed(parts):
-                        name = f"{name}.{part}"
-                        refs.add(name)
-                    continue
-                name = dotted_name(node)
-                if name is not None:
-                    refs.add(name)
-            elif kind is Name:
-                refs.add(node.id)
-            elif kind is Call and (name := dotted_name(node.func)) is not None:
-                calls.append(name)
-            for field_name in get(kind) or child_fields(kind):
-                value = getattr(node, field_name, None)
-                if type(value) is list:
-                    extend(value)
-                elif isinstance(value, AST):
-                    append(value)
-        self._refs = refs
-        self._calls = calls
+        self._refs, self._calls = refs_and_calls(self.node.body)
 
     def reaches(self, owner: str) -> bool:
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog, Location, Manager, Site
-from canary_instrument.rewrite.handwritten import HandWired, parse_site
 from canary_instrument.rewrite.analysis.hooks import HookMatch
+from canary_instrument.rewrite.handwritten import HandWired, parse_site
 from canary_instrument.rewrite.syntax.blocks import loop_index
 from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import dotted_name

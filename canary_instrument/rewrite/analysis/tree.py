@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.io.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
-from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
 from canary_instrument.rewrite.analysis.locate import FileAnalysis, analyse
 from canary_instrument.rewrite.analysis.modules import module_files
+from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
+from canary_instrument.rewrite.io.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
 from canary_instrument.rewrite.io.prefilter import SITES, Prefilter
 from canary_instrument.rewrite.syntax.nodes import char_column
 

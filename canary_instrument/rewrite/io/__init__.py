@@ -1,1 +1,1 @@
-"""File access for the rewriter: reading and writing sources, the check cache, the process pool and the text prefilter."""
+"""File access for the rewriter: sources read and written, the check cache, the process pool, the prefilter."""

@@ -12,9 +12,9 @@ import re
 from bisect import bisect_right
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.analysis.naming import receiver_fits
-from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT_PATTERN
 from canary_instrument.rewrite.io.parallel import map_two
+from canary_instrument.rewrite.syntax.naming import receiver_fits
+from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT_PATTERN
 
 SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
 REACH = 2  # a trigger call: the file's functions join CI301's call graph

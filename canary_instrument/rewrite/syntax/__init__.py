@@ -1,1 +1,1 @@
-"""The syntax-fact layer: what every analysis reads of a parsed file (names, walks, blocks, calls, imports, positions)."""
+"""The syntax-fact layer every analysis reads: names, walks, blocks, calls, imports and positions."""

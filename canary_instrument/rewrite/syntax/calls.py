@@ -8,42 +8,13 @@ import re
 from functools import lru_cache
 
 from canary_instrument.catalog import call_matches
-from canary_instrument.rewrite.syntax.nodes import CHILD_FIELDS, SCOPE_TYPES, child_fields, dotted_name
+from canary_instrument.rewrite.syntax.nodes import dotted_name, iter_calls
 
 
 def call_pattern(patterns) -> str:
     """One regex source for `call_matches` over `patterns`: each pattern, bare or after any dotted prefix."""
     parts = [fnmatch.translate(p) for pattern in patterns for p in (pattern, "*." + pattern)]
     return "|".join(f"(?:{part})" for part in parts)
-
-
-def iter_calls(node: ast.AST, into_functions: bool = False):
-    """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped).
-
-    `into_functions` also enters nested functions and lambdas (a closure handed to a call runs
-    with it), never nested classes.
-    """
-    skip = _CLASS_ONLY if into_functions else SCOPE_TYPES
-    stack = [node]
-    pop, append, extend = stack.pop, stack.append, stack.extend
-    get = CHILD_FIELDS.get
-    AST, Call = ast.AST, ast.Call
-    while stack:
-        current = pop()
-        kind = type(current)
-        if kind in skip or current is None:
-            continue
-        if kind is Call:
-            yield current
-        for name in get(kind) or child_fields(kind):
-            value = getattr(current, name, None)
-            if type(value) is list:
-                extend(value)
-            elif isinstance(value, AST):
-                append(value)
-
-
-_CLASS_ONLY = frozenset((ast.ClassDef,))
 
 
 def call_names(node: ast.AST, into_functions: bool = False) -> list[str]:

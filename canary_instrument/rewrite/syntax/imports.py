@@ -7,6 +7,30 @@ import ast
 from canary_instrument.rewrite.syntax.nodes import statements
 
 
+def bindings(node: ast.Import | ast.ImportFrom, package: list[str] | None = None):
+    """(local name, qualified name, bare) for each name an import statement binds; `bare`: a plain
+    `import a.b`, which binds `a`. A relative import resolves against `package` (its dotted parts)
+    and binds nothing without one; a star import binds no name this can know."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.asname:
+                yield alias.asname, alias.name, False
+            else:
+                top = alias.name.split(".")[0]
+                yield top, top, True
+        return
+    if node.level:
+        if package is None:
+            return
+        base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+        module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+    else:
+        module = node.module or ""
+    for alias in node.names:
+        if alias.name != "*":
+            yield alias.asname or alias.name, f"{module}.{alias.name}" if module else alias.name, False
+
+
 class Imports:
     """Local names bound by imports, resolved to qualified names (`cl` -> `contextlib`)."""
 
@@ -14,16 +38,9 @@ class Imports:
         """`nodes`: `statements(tree)`, when the caller has listed them."""
         self.names: dict[str, str] = {}
         for node in statements(tree) if nodes is None else nodes:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        self.names[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        self.names[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    self.names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for local, qualified, _ in bindings(node):
+                    self.names[local] = qualified
 
     def resolve(self, dotted: str) -> str:
         head, _, rest = dotted.partition(".")

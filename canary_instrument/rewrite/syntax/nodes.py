@@ -160,3 +160,77 @@ def local_aliases(function) -> dict[str, str]:
 def expand_alias(text: str, aliases: dict[str, str]) -> str:
     head, dot, rest = text.partition(".")
     return aliases[head] + dot + rest if head in aliases else text
+
+
+def iter_calls(node: ast.AST, into_functions: bool = False):
+    """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped).
+
+    `into_functions` also enters nested functions and lambdas (a closure handed to a call runs
+    with it), never nested classes.
+    """
+    skip = _CLASS_ONLY if into_functions else SCOPE_TYPES
+    stack = [node]
+    pop, append, extend = stack.pop, stack.append, stack.extend
+    get = CHILD_FIELDS.get
+    AST, Call = ast.AST, ast.Call
+    while stack:
+        current = pop()
+        kind = type(current)
+        if kind in skip or current is None:
+            continue
+        if kind is Call:
+            yield current
+        for name in get(kind) or child_fields(kind):
+            value = getattr(current, name, None)
+            if type(value) is list:
+                extend(value)
+            elif isinstance(value, AST):
+                append(value)
+
+
+_CLASS_ONLY = frozenset((ast.ClassDef,))
+
+
+def refs_and_calls(body: list[ast.stmt]) -> tuple[set[str], list[str]]:
+    """The dotted names a block reads (every prefix of an attribute chain) and the dotted names of the
+    calls it makes, in walk order, nested classes aside."""
+    refs: set[str] = set()
+    calls: list[str] = []
+    stack = list(body)
+    pop, append, extend = stack.pop, stack.append, stack.extend
+    get = CHILD_FIELDS.get
+    AST, Attribute, Name, Call, ClassDef = ast.AST, ast.Attribute, ast.Name, ast.Call, ast.ClassDef
+    while stack:
+        node = pop()
+        kind = type(node)
+        if kind is ClassDef or node is None:
+            continue
+        if kind is Attribute:
+            # A chain `self.a.b` on a name holds nothing but its prefixes (`self.a`, `self`): add
+            # them all here rather than naming each link again from its root.
+            parts = []
+            root = node
+            while type(root) is Attribute:
+                parts.append(root.attr)
+                root = root.value
+            if type(root) is Name:
+                name = root.id
+                refs.add(name)
+                for part in reversed(parts):
+                    name = f"{name}.{part}"
+                    refs.add(name)
+                continue
+            name = dotted_name(node)
+            if name is not None:
+                refs.add(name)
+        elif kind is Name:
+            refs.add(node.id)
+        elif kind is Call and (name := dotted_name(node.func)) is not None:
+            calls.append(name)
+        for field_name in get(kind) or child_fields(kind):
+            value = getattr(node, field_name, None)
+            if type(value) is list:
+                extend(value)
+            elif isinstance(value, AST):
+                append(value)
+    return refs, calls
