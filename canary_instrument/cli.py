@@ -105,7 +105,7 @@ def main():
 def check(paths, catalog_file, output_format, no_cache, cache_dir):
     """Check that every catalogued site holds a placeholder or its wiring, nothing is stray or half-wired,
     and no forward path runs outside every catalogued site. Exit 0 clean, 1 findings, 2 errors."""
-    from canary_instrument.rewrite.cache import CheckCache
+    from canary_instrument.rewrite.io.cache import CheckCache
     from canary_instrument.rewrite.check import check_tree
 
     # A short-lived process whose syntax trees reference counting frees: the cyclic collector's passes

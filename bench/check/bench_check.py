@@ -118,7 +118,7 @@ def git(*args, cwd):
 
 def age(root: Path, seconds: float = 3600) -> None:
     """Date the copy an hour back, as a checkout nobody is editing this second is (a file written in
-    the last two seconds is re-hashed on every run, see rewrite/cache.py)."""
+    the last two seconds is re-hashed on every run, see rewrite/io/cache.py)."""
     past = time.time() - seconds
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
@@ -297,7 +297,7 @@ def report(results: dict, argv: list[str]) -> str:
         f"- pre-commit hook source: {results['hook_source']} (`clone`: pre-commit builds the hook's own "
         "virtualenv from a commit of this repository, as a user's config does)",
         "- each tree is a copy in a fresh git repository, its files dated an hour back (a checkout nobody "
-        "is editing this second; see rewrite/cache.py for why that matters)",
+        "is editing this second; see rewrite/io/cache.py for why that matters)",
         "",
     ]
     for name, tree in results["trees"].items():

@@ -51,7 +51,7 @@ def main() -> None:
         subprocess.run(["git", "init", "-q", str(tree)], check=True)
         hour_ago = time.time() - 3600
         for path in tree.rglob("*"):
-            os.utime(path, (hour_ago, hour_ago))  # a checkout nobody is editing this second (rewrite/cache.py)
+            os.utime(path, (hour_ago, hour_ago))  # a checkout nobody is editing this second (rewrite/io/cache.py)
         edited = tree / EDITED
         original = edited.read_bytes()
         caches = {name: ["--cache-dir", str(Path(work) / f"cache-{name}")] for name in installs}

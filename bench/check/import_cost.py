@@ -30,7 +30,7 @@ SNIPPETS = {
 TEMPLATE = """
 import time
 import sys
-import canary_instrument.cli, canary_instrument.rewrite.check, canary_instrument.rewrite.cache
+import canary_instrument.cli, canary_instrument.rewrite.check, canary_instrument.rewrite.io.cache
 for name in [m for m in sys.modules if m.split(".")[0] == "platformdirs"]:
     del sys.modules[name]  # check imports it now: time it as if it did not
 start = time.process_time()

@@ -11,10 +11,10 @@ _EXPORTS = {
     "scaffold_tree": "canary_instrument.rewrite.transforms.scaffold",
     "apply_tree": "canary_instrument.rewrite.transforms.apply",
     "revert_tree": "canary_instrument.rewrite.transforms.revert",
-    "RunResult": "canary_instrument.rewrite.tree",
-    "FileChange": "canary_instrument.rewrite.tree",
+    "RunResult": "canary_instrument.rewrite.analysis.tree",
+    "FileChange": "canary_instrument.rewrite.analysis.tree",
     "Finding": "canary_instrument.rewrite.findings",
-    "SourceError": "canary_instrument.rewrite.files",
+    "SourceError": "canary_instrument.rewrite.io.files",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.cache import CheckCache
-from canary_instrument.rewrite.files import SourceError, python_files
+from canary_instrument.rewrite.io.cache import CheckCache
+from canary_instrument.rewrite.io.files import SourceError, python_files
 from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
-from canary_instrument.rewrite.placement import placement_of
-from canary_instrument.rewrite.prefilter import ROLES, SITES
+from canary_instrument.rewrite.analysis.placement import placement_of
+from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
 from canary_instrument.rewrite.scan import RESULT, Scan
-from canary_instrument.rewrite.tree import ParsedFile, RunResult
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
 def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:

@@ -26,7 +26,7 @@ UNREACHABLE_MANAGER = "CI208"
 HOOK_NOT_PLACED = "CI209"
 UNCOVERED_FORWARD = "CI301"
 
-# Bad input (exit 2); CI901-CI905 come from rewrite/files.py.
+# Bad input (exit 2); CI901-CI905 come from rewrite/io/files.py.
 SYNTAX_ERROR = "CI910"
 NOT_ROUND_TRIPPABLE = "CI911"
 NOT_A_NO_OP = "CI912"

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.placement import Placement
-from canary_instrument.rewrite.reach import ReachFacts
+from canary_instrument.rewrite.analysis.placement import Placement
+from canary_instrument.rewrite.analysis.reach import ReachFacts
 
 
 @dataclass

@@ -13,18 +13,18 @@ from functools import cached_property
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.cache import CheckCache, content_hash
-from canary_instrument.rewrite.callgraph import CallGraph
-from canary_instrument.rewrite.files import SourceError, decode_source, read_source
+from canary_instrument.rewrite.io.cache import CheckCache, content_hash
+from canary_instrument.rewrite.analysis.callgraph import CallGraph
+from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.locate import analyse
-from canary_instrument.rewrite.modules import module_files
-from canary_instrument.rewrite.parallel import Pair
-from canary_instrument.rewrite.placement import Placement
-from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
-from canary_instrument.rewrite.reach import reach_facts, site_spans
+from canary_instrument.rewrite.analysis.locate import analyse
+from canary_instrument.rewrite.analysis.modules import module_files
+from canary_instrument.rewrite.io.parallel import Pair
+from canary_instrument.rewrite.analysis.placement import Placement
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
 from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
 
 ReportOf = Callable[[ParsedFile, Catalog], FileReport]

@@ -14,10 +14,10 @@ from collections import defaultdict, deque
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.callgraph import CallGraph, DefKey
+from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
 from canary_instrument.rewrite.findings import Finding
-from canary_instrument.rewrite.naming import receiver_fits
-from canary_instrument.rewrite.reach import MODULE, ReachFacts, TriggerCall
+from canary_instrument.rewrite.syntax.naming import receiver_fits
+from canary_instrument.rewrite.analysis.reach import MODULE, ReachFacts, TriggerCall
 from canary_instrument.rewrite.rules import ci301_uncovered_forward
 
 # How far above a trigger the caller search looks for callers of an entry point (a function no

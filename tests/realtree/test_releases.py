@@ -24,7 +24,7 @@ import pytest
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.check import check_tree
 from canary_instrument.rewrite.transforms.revert import revert_tree
-from canary_instrument.rewrite.tree import RunResult
+from canary_instrument.rewrite.analysis.tree import RunResult
 from canary_instrument.rewrite.transforms.apply import apply_tree
 
 from .conftest import DEFAULT_RELEASE, release_params, sglang_srt

@@ -13,7 +13,7 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite import scan as scan_module
-from canary_instrument.rewrite.cache import FOLDER, CheckCache
+from canary_instrument.rewrite.io.cache import FOLDER, CheckCache
 from canary_instrument.rewrite.check import check_tree
 
 REPO = Path(__file__).resolve().parents[2]

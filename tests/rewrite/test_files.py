@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canary_instrument.rewrite import files
-from canary_instrument.rewrite.files import (
+from canary_instrument.rewrite.io import files
+from canary_instrument.rewrite.io.files import (
     SourceError,
     SourceFile,
     iter_python_files,
@@ -130,7 +130,7 @@ def test_unreadable_file_is_a_located_error(tmp_path):
     tmp_path.chmod(0o755)
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from canary_instrument.rewrite.files import read_source, SourceError\n"
+        "from canary_instrument.rewrite.io.files import read_source, SourceError\n"
         "try:\n    read_source(sys.argv[2])\nexcept SourceError as e:\n    print(e)\n"
     )
     out = subprocess.run(
@@ -310,7 +310,7 @@ def test_read_only_directory_is_a_located_error_and_nothing_changes(tmp_path):
     tmp_path.chmod(0o755)
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from canary_instrument.rewrite.files import write_atomic, SourceError\n"
+        "from canary_instrument.rewrite.io.files import write_atomic, SourceError\n"
         "try:\n    write_atomic(sys.argv[2], b'x = 2\\n')\nexcept SourceError as e:\n    print(e)\n"
     )
     try:

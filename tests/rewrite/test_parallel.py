@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from canary_instrument.rewrite.parallel import MIN_WEIGHT, Pair
+from canary_instrument.rewrite.io.parallel import MIN_WEIGHT, Pair
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 two_cores = pytest.mark.skipif(
@@ -25,7 +25,7 @@ two_cores = pytest.mark.skipif(
 
 _SCENARIO = textwrap.dedent("""
     import json, os, sys, time
-    from canary_instrument.rewrite.parallel import MIN_WEIGHT, Pair, map_two
+    from canary_instrument.rewrite.io.parallel import MIN_WEIGHT, Pair, map_two
 
     seen = {}  # what each process has computed: stays in the process that computed it
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from canary_instrument.catalog import load_catalog
-from canary_instrument.rewrite.naming import head_noun, receiver_fits
-from canary_instrument.rewrite.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.syntax.naming import head_noun, receiver_fits
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from canary_instrument.catalog import load_catalog
-from canary_instrument.rewrite.cache import CheckCache
+from canary_instrument.rewrite.io.cache import CheckCache
 from canary_instrument.rewrite.check import check_tree
 
 # Every CI301 finding per development release: (path under srt/, line), all triaged right.

@@ -12,7 +12,7 @@ Fix: extend the catalog
 from __future__ import annotations
 
 from canary_instrument.rewrite.findings import SITE_NOT_FOUND
-from canary_instrument.rewrite.placement import placement_findings
+from canary_instrument.rewrite.analysis.placement import placement_findings
 
 CODE = SITE_NOT_FOUND
 # A whole-tree rule: `placement_findings` reports it with CI209 in one pass (a hook role reported

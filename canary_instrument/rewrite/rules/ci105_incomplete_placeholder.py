@@ -18,7 +18,7 @@ from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, Finding
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
     from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.tree import ParsedFile
+    from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = INCOMPLETE_PLACEHOLDER
 

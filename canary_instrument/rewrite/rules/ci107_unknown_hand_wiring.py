@@ -18,7 +18,7 @@ from canary_instrument.rewrite.findings import UNKNOWN_HAND_WIRING, Finding
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
     from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.tree import ParsedFile
+    from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = UNKNOWN_HAND_WIRING
 

@@ -16,7 +16,7 @@ from canary_instrument.rewrite.findings import STALE_WIRING
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
     from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.tree import ParsedFile
+    from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = STALE_WIRING
 

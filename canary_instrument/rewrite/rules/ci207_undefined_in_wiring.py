@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from canary_instrument.catalog import RUNTIME_EXPORTS
 from canary_instrument.rewrite.findings import UNDEFINED_IN_WIRING, Finding
-from canary_instrument.rewrite.shapes import parameters
+from canary_instrument.rewrite.syntax.nodes import parameters
 
 if TYPE_CHECKING:
-    from canary_instrument.rewrite.locate import SiteMatch
-    from canary_instrument.rewrite.tree import ParsedFile
+    from canary_instrument.rewrite.analysis.locate import SiteMatch
+    from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = UNDEFINED_IN_WIRING
 

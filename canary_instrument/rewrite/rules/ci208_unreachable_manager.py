@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from canary_instrument.rewrite.findings import UNREACHABLE_MANAGER, Finding
-from canary_instrument.rewrite.placement import unreachable_message
+from canary_instrument.rewrite.analysis.placement import unreachable_message
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
     from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.tree import ParsedFile
+    from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = UNREACHABLE_MANAGER
 

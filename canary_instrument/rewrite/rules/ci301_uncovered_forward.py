@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from canary_instrument.rewrite.findings import UNCOVERED_FORWARD, Finding
-from canary_instrument.rewrite.reach import MODULE
+from canary_instrument.rewrite.analysis.reach import MODULE
 
 if TYPE_CHECKING:
-    from canary_instrument.rewrite.callgraph import CallGraph, DefKey
-    from canary_instrument.rewrite.reach import TriggerCall
+    from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
+    from canary_instrument.rewrite.analysis.reach import TriggerCall
 
 CODE = UNCOVERED_FORWARD
 CHAIN = 4  # functions of the path shown in a finding

@@ -13,9 +13,9 @@ from collections import Counter
 
 from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.check import uncovered_forwards
-from canary_instrument.rewrite.layout import fit, indent_lines, line_limit
-from canary_instrument.rewrite.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
-from canary_instrument.rewrite.placement import Placement, placement_findings, placement_of
+from canary_instrument.rewrite.analysis.layout import fit, indent_lines, line_limit
+from canary_instrument.rewrite.analysis.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
+from canary_instrument.rewrite.analysis.placement import Placement, placement_findings, placement_of
 from canary_instrument.rewrite.rules import (
     ci101_missing_placeholder,
     ci103_stray_placeholder,
@@ -24,10 +24,10 @@ from canary_instrument.rewrite.rules import (
     ci207_undefined_in_wiring,
     ci208_unreachable_manager,
 )
-from canary_instrument.rewrite.shapes import same_code
+from canary_instrument.rewrite.syntax.nodes import same_code
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.transforms.scaffold import report_unusable
-from canary_instrument.rewrite.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
 MEMBER_RETURN = "return canary_context(manager, forward_batch, outside=outside, active=active)"

@@ -12,14 +12,15 @@ import re
 from bisect import bisect_right
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.naming import receiver_fits
-from canary_instrument.rewrite.parallel import map_two
+from canary_instrument.rewrite.io.parallel import map_two
+from canary_instrument.rewrite.syntax.naming import receiver_fits
+from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT_PATTERN
 
 SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
 REACH = 2  # a trigger call: the file's functions join CI301's call graph
 ROLES = 4  # a catalog location: the roles expected there (CI102), even with nothing else to analyse
 
-_STRAY = re.compile(rb"canary\w*_ctx")  # what locate's stray rule calls canary-named
+_STRAY = re.compile(CANARY_CONTEXT_PATTERN.encode())  # what locate's stray rule calls canary-named
 
 
 def _literal_fragments(pattern: str) -> list[str]:

@@ -60,13 +60,16 @@ def tool_digest() -> str:
     checkout changes them without a new version)."""
     package = Path(canary_instrument.__file__).parent
     parts = [canary_instrument.__version__, sys.version]
-    for folder in ("rewrite", "catalog"):
+    folders = ["rewrite", "catalog"]
+    for folder in folders:  # grows with the subpackages found: every layer of the rewriter counts
         try:
             with os.scandir(package / folder) as entries:
                 for entry in sorted(entries, key=lambda e: e.name):
                     if entry.name.endswith((".py", ".toml")):
                         st = entry.stat()
                         parts.append(f"{folder}/{entry.name}:{st.st_size}:{st.st_mtime_ns}")
+                    elif entry.name != "__pycache__" and entry.is_dir():
+                        folders.append(f"{folder}/{entry.name}")
         except OSError:
             parts.append(f"{folder}:?")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()

@@ -1,78 +1,31 @@
-"""Find where each hook goes (after the KV pool exists, after graph capture, after the prefix cache exists) by shape,
-and recognise hooks already there: generated ones and upstream's hand-written ones.
+"""Where a hook goes in its scope, by shape: after what builds what it needs, or at the end of graph capture.
 
-Placement rules (docs/cli.md, "Hooks"):
-
-- `after_assign`: after the statement that completes one of the hook's `assigns` in its scope
-  (an attribute the scope builds itself, not one handed to it as a parameter), extended over
-  the plain attribute assignments that follow it; or after a call of one of `after_calls` (a
-  builder defined elsewhere, e.g. in a mixin). When the building method is called from another
-  method of the class, the hook goes after that call instead (one level up, so it follows the
-  init chain). When the method then ends by handing over to another method of its class (a
-  post-pool wiring method), the hook goes at the start of that method.
-- `after_capture`: at the end of the function that captures the most graph kinds (calls of
-  `after_calls`), skipping functions that only hand the model runner to capture code elsewhere
-  (that code is found in its own file); before a final `return`. When that function ends by
-  handing the model runner to a function of its own file (a post-capture finaliser), at the
-  end of that function.
-
-Standard-library `ast` only.
+The rules themselves are in hooks.py's header (docs/cli.md, "Hooks"). Standard-library `ast` only.
 """
 
 from __future__ import annotations
 
 import ast
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.handwritten import HandHook, last_name, parse_hook
-from canary_instrument.rewrite.shapes import (
+from canary_instrument.rewrite.analysis.shapes import function_model_runner
+from canary_instrument.rewrite.handwritten import last_name
+from canary_instrument.rewrite.syntax.blocks import top_statement, walk_blocks
+from canary_instrument.rewrite.syntax.calls import calls_matcher
+from canary_instrument.rewrite.syntax.imports import Imports
+from canary_instrument.rewrite.syntax.nodes import (
     FUNCTIONS,
-    ClassFacts,
-    Imports,
-    calls_matcher,
     dotted_name,
     first_statement,
-    function_model_runner,
-    functions_of,
     iter_calls,
     parameters,
     statements,
-    top_statement,
-    walk_blocks,
 )
 
 
 @dataclass
-class PresentHook:
-    node: ast.stmt
-    block: list[ast.stmt]
-    handwritten: HandHook | None = None  # None: generated
-    migrated: str = ""  # hand-written: the generated statement apply puts in its place
-
-
-@dataclass
-class HookMatch:
-    """A hook role in one file: where it goes (if a place is found) and the statements of it already there."""
-
-    hook: Hook
-    class_node: ast.ClassDef | None = None
-    method: ast.FunctionDef | None = None
-    anchor: ast.stmt | None = None
-    mode: str = "after"  # insert "after" or "before" the anchor
-    statement: str = ""  # the hook statement spelled for its scope
-    present: list[PresentHook] = field(default_factory=list)
-
-    @property
-    def where(self) -> str:
-        if self.method is None:
-            return "?"
-        return f"{self.class_node.name}.{self.method.name}" if self.class_node is not None else self.method.name
-
-
-@dataclass
-class _Scope:
+class _HookScope:
     class_node: ast.ClassDef | None
     runner: str  # the model runner as the scope spells it (`self`, a parameter, `self.tp_worker.model_runner`)
     functions: list
@@ -83,13 +36,13 @@ def expand(hook: Hook, runner: str, value: str = "") -> str:
     return hook.statement.replace("{model_runner}", runner).replace("{value}", value)
 
 
-def _callee(hook: Hook) -> str | None:
+def hook_callee(hook: Hook) -> str | None:
     node = ast.parse(expand(hook, "self", "self.value")).body[0]
     value = node.value
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
 
-def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers) -> list[_Scope]:
+def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers) -> list[_HookScope]:
     """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}."""
     shape = catalog.model_runner
     scopes = []
@@ -97,29 +50,29 @@ def _scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog
         info = facts(cls)
         methods = list(info.methods.values())
         if hook.scope == "model_runner" and info.is_model_runner(shape):
-            scopes.append(_Scope(cls, "self", methods))
+            scopes.append(_HookScope(cls, "self", methods))
         elif hook.scope == "holder" and not info.is_model_runner(shape):
             held = info.held_model_runner(shape)
             if held is not None:
-                scopes.append(_Scope(cls, held, methods))
+                scopes.append(_HookScope(cls, held, methods))
         elif hook.scope == "manager":
             owner = catalog.managers[hook.manager].owner
             spelled = site_managers.get(id(cls), {}).get(hook.manager)
             if spelled is not None and spelled.owner != owner:
                 # The class's sites run on this manager, held under the class's own name for it.
-                scopes.append(_Scope(cls, "self", methods, (owner, spelled.owner)))
+                scopes.append(_HookScope(cls, "self", methods, (owner, spelled.owner)))
             elif info.reaches(owner):
-                scopes.append(_Scope(cls, "self", methods))
+                scopes.append(_HookScope(cls, "self", methods))
     if hook.scope == "model_runner":
         module = {}
         for node in tree.body:
             if isinstance(node, FUNCTIONS) and (runner := function_model_runner(node, shape)) is not None:
                 module.setdefault(runner, []).append(node)
-        scopes.extend(_Scope(None, runner, functions) for runner, functions in module.items())
+        scopes.extend(_HookScope(None, runner, functions) for runner, functions in module.items())
     return scopes
 
 
-def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+def module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return {node.name: node for node in tree.body if isinstance(node, FUNCTIONS)}
 
 
@@ -128,7 +81,7 @@ def _passes(call: ast.Call, runner: str) -> bool:
     return any(dotted_name(value) == runner for value in values)
 
 
-def _own_callee(call: ast.Call, scope: _Scope, module: dict):
+def _own_callee(call: ast.Call, scope: _HookScope, module: dict):
     """The function of this file a call runs: `self.m()` in a class, `g()` at module level."""
     name = dotted_name(call.func)
     if name is None:
@@ -145,7 +98,7 @@ def _calls_in(function):
         yield from iter_calls(stmt)
 
 
-class _Calls:
+class CallIndex:
     """The calls each function of a file runs (`iter_calls` of its statements, in that order), listed
     once per file: every hook asks about the same functions."""
 
@@ -171,7 +124,7 @@ class _Calls:
         return found
 
 
-def _capture_calls(function, hook: Hook, calls: _Calls) -> list[ast.Call]:
+def _capture_calls(function, hook: Hook, calls: CallIndex) -> list[ast.Call]:
     return calls.matching(function, hook.after_calls)
 
 
@@ -184,7 +137,7 @@ def _early_return(function) -> bool:
     return False
 
 
-def _end_of(function, hook: Hook, calls: _Calls) -> tuple[ast.stmt, str]:
+def _end_of(function, hook: Hook, calls: CallIndex) -> tuple[ast.stmt, str]:
     """Where "at the end" of a function is: before its final return, else after its last statement.
 
     A function that can return early gets the hook right after its last statement that
@@ -201,7 +154,7 @@ def _end_of(function, hook: Hook, calls: _Calls) -> tuple[ast.stmt, str]:
     return last, "after"
 
 
-def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
+def _handed_over_to(stmt: ast.stmt, scope: _HookScope, module: dict):
     """The function of this file that `stmt` hands the model runner to (`finalize(model_runner)`,
     possibly under an `if`), else None."""
     if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
@@ -215,7 +168,7 @@ def _handed_over_to(stmt: ast.stmt, scope: _Scope, module: dict):
     return module[name]
 
 
-def _handed_off(hook: Hook, scope: _Scope, module: dict, calls: _Calls, imports: Imports) -> set[str]:
+def handed_off(hook: Hook, scope: _HookScope, module: dict, calls: CallIndex, imports: Imports) -> set[str]:
     """The modules whose functions this scope hands the model runner to for capture (`capture_graphs(self)`,
     imported): where its `after_capture` hook goes, though no catalog location names that file."""
     found = set()
@@ -229,7 +182,7 @@ def _handed_off(hook: Hook, scope: _Scope, module: dict, calls: _Calls, imports:
     return found
 
 
-def _place_after_capture(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
+def place_after_capture(hook: Hook, scope: _HookScope, module: dict, calls: CallIndex):
     captures = {id(f): _capture_calls(f, hook, calls) for f in scope.functions}
     memo: dict[int, bool] = {}
 
@@ -275,7 +228,7 @@ def _previous(function, stmt):
     return function.body[index - 1] if index else None
 
 
-def _builds(node: ast.AST, function, scope: _Scope, hook: Hook) -> str | None:
+def _builds(node: ast.AST, function, scope: _HookScope, hook: Hook) -> str | None:
     """The target text when `node` assigns one of the hook's attributes a value the scope builds, else None."""
     if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
         return None
@@ -313,7 +266,7 @@ def _plain_assignment(stmt: ast.stmt) -> bool:
     return False
 
 
-def _place_after_assign(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
+def place_after_assign(hook: Hook, scope: _HookScope, module: dict, calls: CallIndex):
     found = []  # (function, top statement, built value or None)
     for function in scope.functions:
         # A statement of the function can call a builder only when the function does (most do not).
@@ -353,151 +306,16 @@ def _place_after_assign(hook: Hook, scope: _Scope, module: dict, calls: _Calls):
     return function, anchor, "after", value
 
 
-def _caller(function, scope: _Scope, module: dict, calls: _Calls):
+def _caller(function, scope: _HookScope, module: dict, calls: CallIndex):
     """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
     for other in scope.functions:
         if other is function:
             continue
         for call in calls(other):
-            # The name test first: resolving every call of a 150-method class is most of the search.
+            # The name test first: resolving every call of a large class is most of the search.
             func = call.func
             if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != function.name:
                 continue
             if _own_callee(call, scope, module) is function:
                 return other, top_statement(other, call)
     return None
-
-
-def recognise(tree: ast.Module, catalog: Catalog, imports: Imports, facts, functions=None,
-              site_managers=None) -> dict[str, list[PresentHook]]:
-    """Every hook statement already in the file, by role: generated ones and hand-written ones
-    (`functions`: `functions_of(tree)`, when the caller has listed them; `site_managers`: class id ->
-    {manager name: the manager as the class's sites spell it})."""
-    by_callee: dict[str, list[Hook]] = {}
-    for hook in catalog.hooks:
-        callee = _callee(hook)
-        if callee is not None:
-            by_callee.setdefault(callee, []).append(hook)
-    present: dict[str, list[PresentHook]] = {}
-    manager_hooks = [h for h in catalog.hooks if h.scope == "manager"]
-    for cls, function in functions_of(tree) if functions is None else functions:
-        for block, _, _ in walk_blocks(function.body):
-            for stmt in block:
-                call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-                if isinstance(call, ast.Call) and (name := dotted_name(call.func)) is not None:
-                    callee = name.rpartition(".")[2]
-                    resolved = imports.resolve(name)
-                    # The runtime's function, or its bare name with no import yet (a hook pasted by hand).
-                    ours = resolved == f"{catalog.runtime_module}.{callee}" or resolved == name == callee
-                    if ours and callee in by_callee:
-                        spelled = (site_managers or {}).get(id(cls), {}) if cls is not None else {}
-                        role = _generated_role(stmt, by_callee[callee], spelled, catalog)
-                        present.setdefault(role, []).append(PresentHook(stmt, block))
-                        continue
-                hand = parse_hook(stmt)
-                if hand is not None:
-                    spelled = (site_managers or {}).get(id(cls), {}) if cls is not None else {}
-                    role = _hand_role(hand, catalog, manager_hooks, spelled)
-                    if role is not None:
-                        hook = next(h for h in catalog.hooks if h.role == role)
-                        migrated = expand(hook, hand.manager.rpartition(".")[0], hand.argument or "")
-                        if hook.scope == "manager" and hook.manager in spelled:
-                            catalog_owner = catalog.managers[hook.manager].owner
-                            migrated = re.sub(rf"{re.escape(catalog_owner)}(?![\w])", spelled[hook.manager].owner,
-                                              migrated)
-                        present.setdefault(role, []).append(PresentHook(stmt, block, hand, migrated))
-    return present
-
-
-_KINDS = {"install_canary": "install", "mark_init_finished": "init_finished", "attach_radix_cache": "attach_cache"}
-
-
-def _hand_role(hand: HandHook, catalog: Catalog, manager_hooks, spelled: dict) -> str | None:
-    """The role of a hand-written hook: by what it calls, and for init-finished by whose manager it marks."""
-    if hand.kind == "init_finished":
-        for hook in manager_hooks:
-            expressions = {catalog.managers[hook.manager].expression}
-            if hook.manager in spelled:
-                expressions.add(spelled[hook.manager].expression)
-            if hand.manager in expressions:
-                return hook.role
-    for hook in catalog.hooks:
-        if _KINDS.get(_callee(hook)) == hand.kind and hook not in manager_hooks:
-            return hook.role
-    return None
-
-
-def _generated_role(stmt, hooks, spelled: dict, catalog: Catalog) -> str:
-    """The role of a generated hook statement: the only hook calling its callee, else the one it spells."""
-    if len(hooks) == 1:
-        return hooks[0].role
-    text = ast.unparse(stmt)
-    for hook in hooks:
-        if hook.scope != "manager":
-            continue
-        manager = spelled.get(hook.manager, catalog.managers[hook.manager])
-        if manager.expression in text or catalog.managers[hook.manager].expression in text:
-            return hook.role
-    return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
-
-
-def _may_have_place(hook: Hook, text: str | None) -> bool:
-    """False when the file's text holds none of the names a place of `hook` needs (an assigned attribute, or
-    every literal part of an after-call pattern): then no scope of it can hold a place."""
-    if text is None:
-        return True
-    return any(all(part in text for part in pattern.split("*") if part) for pattern in (*hook.assigns, *hook.after_calls))
-
-
-def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
-                 classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
-                 handed: set[str] | None = None) -> list[HookMatch]:
-    """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
-    lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
-    classes and `functions_of(tree)`, when the caller has listed them)."""
-    site_managers: dict[int, dict] = {}
-    for site in sites:
-        if site.class_node is not None:
-            site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
-    present = recognise(tree, catalog, imports, facts, functions, site_managers)
-    module = _module_functions(tree)
-    calls = _Calls()
-    # classes listed once per file, not per hook: walking a 3,000-line module costs more than a hook's search
-    matches = []
-    for hook in catalog.hooks:
-        match = HookMatch(hook, present=present.get(hook.role, []))
-        placed = []
-        if not _may_have_place(hook, text):
-            scopes = []
-        else:
-            if classes is None:
-                classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = _scopes(hook, tree, classes, facts, catalog, site_managers)
-        for scope in scopes:
-            if hook.place == "after_capture":
-                if handed is not None and scope.class_node is not None:
-                    handed |= _handed_off(hook, scope, module, calls, imports)
-                found = _place_after_capture(hook, scope, module, calls)
-                if found is not None:
-                    function, anchor, mode = found
-                    placed.append((scope, function, anchor, mode, ""))
-            else:
-                found = _place_after_assign(hook, scope, module, calls)
-                if found is not None:
-                    function, anchor, mode, value = found
-                    placed.append((scope, function, anchor, mode, value or ""))
-        if placed:
-            # One place per role and file: the scope whose place comes first in the file.
-            scope, function, anchor, mode, value = min(placed, key=lambda item: item[2].lineno)
-            owner = scope.class_node if any(f is function for f in scope.functions) else None
-            match.class_node, match.method, match.anchor, match.mode = owner, function, anchor, mode
-            match.statement = expand(hook, scope.runner, value)
-            if scope.owner is not None:
-                old, new = scope.owner
-                match.statement = re.sub(rf"{re.escape(old)}(?![\w])", new, match.statement)
-        if match.anchor is not None or match.present:
-            matches.append(match)
-    return matches
-
-
-__all__ = ["ClassFacts", "HookMatch", "PresentHook", "locate_hooks"]

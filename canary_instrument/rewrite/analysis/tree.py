@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
+from canary_instrument.rewrite.analysis.locate import FileAnalysis, analyse
+from canary_instrument.rewrite.analysis.modules import module_files
 from canary_instrument.rewrite.findings import INTERNAL_ERROR, NOT_ROUND_TRIPPABLE, SYNTAX_ERROR, Finding
-from canary_instrument.rewrite.locate import FileAnalysis, analyse
-from canary_instrument.rewrite.modules import module_files
-from canary_instrument.rewrite.prefilter import SITES, Prefilter
+from canary_instrument.rewrite.io.files import SourceError, SourceFile, iter_python_files, read_source, write_atomic
+from canary_instrument.rewrite.io.prefilter import SITES, Prefilter
+from canary_instrument.rewrite.syntax.nodes import char_column
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ParsedFile:
     def position(self, node: ast.AST) -> tuple[int, int]:
         """1-based line and character column of an ast node."""
         line = self.lines[node.lineno - 1] if node.lineno - 1 < len(self.lines) else ""
-        return node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1
+        return node.lineno, char_column(line, node.col_offset)
 
     def finding(self, node: ast.AST | None, code: str, message: str) -> Finding:
         line, col = self.position(node) if node is not None else (1, 1)

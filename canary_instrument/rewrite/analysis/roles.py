@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from canary_instrument.catalog import Catalog, Manager, Site
+from canary_instrument.rewrite.analysis.shapes import ClassFacts
 from canary_instrument.rewrite.handwritten import HandWired
-from canary_instrument.rewrite.shapes import ClassFacts, expand_alias, matched_patterns
+from canary_instrument.rewrite.syntax.calls import matched_patterns
+from canary_instrument.rewrite.syntax.nodes import expand_alias
 
 
 @dataclass(frozen=True)

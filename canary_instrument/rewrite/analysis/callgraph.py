@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from canary_instrument.rewrite.naming import receiver_fits
-from canary_instrument.rewrite.reach import MODULE, DefFacts, Edge, ReachFacts
+from canary_instrument.rewrite.analysis.modules import module_score
+from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts
+from canary_instrument.rewrite.syntax.naming import receiver_fits
 
 DefKey = tuple[int, str]  # (file index, function qualname)
 ClassKey = tuple[int, str]  # (file index, class qualname)
@@ -107,7 +108,7 @@ class CallGraph:
             candidates = [("class", k) for k in classes_by_name.get(head, ()) if "." not in k[1]]
             candidates += [("def", k) for k in functions_by_name.get(head, ())]
             for kind, key in candidates:
-                score = _module_score(module, self.modules[key[0]])
+                score = module_score(module, self.modules[key[0]])
                 if score == 0:
                     continue
                 entry = ("class", key, tuple(rest)) if kind == "class" else ("def", key)
@@ -381,22 +382,3 @@ class _Resolved(list):
 
 # Target kinds whose resolution does not depend on the calling function (see `_resolve`).
 _CALLER_FREE = frozenset(("global", "var", "name"))
-
-
-def _module_score(module: list[str], file_module: list[str]) -> int:
-    """How well an import's module path names a file: the length of their common dotted suffix
-    (`sglang.srt.a.b` names `.../srt/a/b.py` by `srt.a.b`), or of the package for a re-export."""
-    score = _common_suffix(module, file_module)
-    if score:
-        return score * 2
-    # `from pkg import Name` where pkg/__init__.py re-exports Name from pkg/mod.py.
-    return max(0, _common_suffix(module, file_module[:-1]) * 2 - 1)
-
-
-def _common_suffix(first: list[str], second: list[str]) -> int:
-    count = 0
-    for a, b in zip(reversed(first), reversed(second)):
-        if a != b:
-            break
-        count += 1
-    return count

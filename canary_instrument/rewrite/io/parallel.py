@@ -1,7 +1,7 @@
 """Run work on two cores: this process and the one worker of a standard-library process pool.
 
-`check` reads, scans and parses a whole tree on a cold run; this halves that wall time on the
-2-core machines a pre-commit gate runs on. The pool forks its worker (the `fork` start method):
+`check` reads, scans and parses a whole tree on a cold run; this spreads that work over the two
+cores a pre-commit gate can count on. The pool forks its worker (the `fork` start method):
 the worker then starts with the catalog, the cache and every module already loaded, where a
 spawned one would import and rebuild them first. Where fork is unavailable or unsafe (threads
 running), or the work is small, everything runs in this process.

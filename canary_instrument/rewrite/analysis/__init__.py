@@ -1,0 +1,1 @@
+"""What the rewriter learns from sources: sites, hooks, roles, reachability, the call graph, placement."""
