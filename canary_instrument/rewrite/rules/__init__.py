@@ -8,46 +8,14 @@ finding-code table is generated from it (`python -m canary_instrument.rewrite.ru
 
 from __future__ import annotations
 
-from canary_instrument.rewrite.rules import (
-    ci101_missing_placeholder,
-    ci102_site_not_found,
-    ci103_stray_placeholder,
-    ci104_duplicated_placeholder,
-    ci105_incomplete_placeholder,
-    ci106_hand_written,
-    ci107_unknown_hand_wiring,
-    ci108_ambiguous_role,
-    ci201_unwired_site,
-    ci202_hook_missing,
-    ci203_hook_without_wiring,
-    ci204_member_mismatch,
-    ci205_stale_wiring,
-    ci206_manager_conflict,
-    ci207_undefined_in_wiring,
-    ci208_unreachable_manager,
-    ci209_hook_not_placed,
-    ci301_uncovered_forward,
-)
+import importlib
+import pkgutil
 
-RULES = (
-    ci101_missing_placeholder,
-    ci102_site_not_found,
-    ci103_stray_placeholder,
-    ci104_duplicated_placeholder,
-    ci105_incomplete_placeholder,
-    ci106_hand_written,
-    ci107_unknown_hand_wiring,
-    ci108_ambiguous_role,
-    ci201_unwired_site,
-    ci202_hook_missing,
-    ci203_hook_without_wiring,
-    ci204_member_mismatch,
-    ci205_stale_wiring,
-    ci206_manager_conflict,
-    ci207_undefined_in_wiring,
-    ci208_unreachable_manager,
-    ci209_hook_not_placed,
-    ci301_uncovered_forward,
+# Every module named for its code (`ci<NNN>_<name>`), in code order: a new rule is a new module, nothing else.
+RULES = tuple(
+    importlib.import_module(f"{__name__}.{info.name}")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
+    if info.name[:2] == "ci" and info.name[2:5].isdigit()
 )
 
 # The per-file checks, resolved once: check calls each on every analysed file.
