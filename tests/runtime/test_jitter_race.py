@@ -21,6 +21,9 @@ from .refsgl_harness import instrumented
 pytestmark = pytest.mark.gpu
 
 STEPS = 16
+# Long enough that the side stream's delayed writes trail the host's launches of the reading passes even on a
+# busy host (at 1 ms the race stayed hidden on one GPU machine while eight test processes shared its CPU).
+JITTER_US = 20_000
 PROMPTS = [[(5 * i + j) % 100 + 1 for j in range(24 + 3 * i)] for i in range(8)]
 
 
@@ -66,13 +69,13 @@ def test_the_race_is_latent_without_jitter(monkeypatch):
 
 
 def test_jitter_makes_the_canary_report_the_race(monkeypatch):
-    manager, violations = _run(monkeypatch, jitter_us=1000, join=False)
+    manager, violations = _run(monkeypatch, jitter_us=JITTER_US, join=False)
     assert not isinstance(manager.ops, JitteredOps) and manager.jitter.counts()["attn_before"] > 0
     assert violations, "jitter at the KV write should have exposed the missing stream wait"
     assert "fingerprint" in set().union(*(v.reasons for v in violations)), [v.format() for v in violations[:5]]
 
 
 def test_with_the_wait_in_place_jitter_reports_nothing(monkeypatch):
-    manager, violations = _run(monkeypatch, jitter_us=1000, join=True)
+    manager, violations = _run(monkeypatch, jitter_us=JITTER_US, join=True)
     assert manager.jitter.totals_us()["attn_before"] > 0
     assert violations == []

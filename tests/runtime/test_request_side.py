@@ -33,11 +33,11 @@ def running_request(harness, rng, min_cached=2, quiet=False):
 
 @pytest.mark.parametrize("quiet", [True, False], ids=["next_step_decodes", "any_next_step"])
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
-def test_slot_freed_while_read_is_reported_at_the_next_read(layout, quiet):
+def test_slot_freed_while_read_is_reported_at_the_next_read(layout, quiet, caplog):
     """Reported by the first forward of the request after the free: ``freed`` when the row still reads as freed
     at that forward's pass (its mark comes first in the pass), ``position`` once another request's new token
     took the slot in an earlier forward."""
-    logging.getLogger("canary_instrument.runtime").setLevel(logging.CRITICAL)
+    caplog.set_level(logging.CRITICAL, logger="canary_instrument.runtime")  # restored after the test
     harness = instrumented(layout, max_total_tokens=768, max_context_len=256, chunked_prefill_size=48,
                            sliding_window_size=16)
     rng = random.Random(5)
