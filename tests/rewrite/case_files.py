@@ -1,8 +1,9 @@
 """Before/after case files, one per case, as black keeps its own (tests/rewrite/cases/<group>/<name>.txt).
 
-A case file holds, in this order: option lines `# key: value` (`path` is the file's place in the tree),
-the marker `# input` and the source, then for each command run in turn the marker `# output: <command>`
-and the exact text that command leaves. Sections keep their bytes: no dedent, no stripping.
+A case file holds, in this order: option lines `# key: value` (`path` is the file's place in the tree;
+others, such as `note`, are for the test that reads the case), the marker `# input` and the source, then
+for each command run in turn the marker `# output: <command>` and the exact text that command leaves.
+Sections keep their bytes: no dedent, no stripping.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Case:
     path: str
     source: str
     outputs: list[tuple[str, str]]  # (command, the file's text after it), in the order they run
+    options: dict[str, str]
 
 
 def names(group: str) -> list[str]:
@@ -48,7 +50,8 @@ def load(group: str, name: str) -> Case:
     if not sections or "path" not in options:
         raise ValueError(f"{file}: a case needs a `# path: ...` option and an `# input` section")
     (_, source), *outputs = sections
-    return Case(name, options["path"], "".join(source), [(command, "".join(text)) for command, text in outputs])
+    return Case(name, options["path"], "".join(source), [(command, "".join(text)) for command, text in outputs],
+                options)
 
 
 def run(tree, case: Case) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import case_files
 from rewrite_trees import dedent
 
 MR = "pkg/srt/model_executor/model_runner.py"
@@ -32,58 +33,16 @@ def flat(text):
     "((c := self.canary_manager) is not None) and (not self.is_draft_worker)",
 ])
 def test_hand_written_forward_site_in_either_guard_order_is_ci106_and_migrates_to_the_member(tree, test):
-    tree.write({MR: f'''
-        import contextlib
-
-        from sglang.srt.kv_canary.runner.canary_manager import context_tuple
-
-
-        class ModelRunner:
-            def forward(self, forward_batch):
-                canary_ctx = (
-                    context_tuple(
-                        c.with_ops_outside_graph(
-                            single_forward_indices=[0],
-                            maybe_inaccurate_forward_batch=forward_batch,
-                        ),
-                        c.with_active_single_forward_manager(0),
-                    )
-                    if {test}
-                    else contextlib.nullcontext()
-                )
-                with canary_ctx:
-                    return self._forward_raw(forward_batch)
-        '''})
+    case = case_files.load("handwritten", "forward_site_guard_migrates_to_the_member")
+    (apply, wired), (revert, reverted) = case.outputs
+    tree.write({MR: case.source.format(test=test).encode()})
     assert codes(tree.run("check")) == ["CI106"]
-    tree.run("apply")
+    tree.run(apply)
     # The null context was the only use of `import contextlib`, upstream's `context_tuple` import goes too.
-    assert flat(tree.read(MR)) == flat(dedent('''
-        from canary_instrument.runtime import canary_context
-
-
-        class ModelRunner:
-            def forward(self, forward_batch):
-                canary_ctx = self.canary_ctx(forward_batch, outside=[0], active=0)
-                with canary_ctx:
-                    return self._forward_raw(forward_batch)
-
-            # canary-instrument: generated; `canary-instrument revert` removes it
-            def canary_ctx(self, forward_batch=None, *, outside=None, active=None):
-                manager = None if self.is_draft_worker else self.canary_manager
-                return canary_context(manager, forward_batch, outside=outside, active=active)
-        '''))
+    assert flat(tree.read(MR)) == flat(wired)
     assert codes(tree.run("check")) == []
-    tree.run("revert")  # the clean placeholder state, upstream's context_tuple import gone
-    assert tree.read(MR) == dedent('''
-        import contextlib
-
-
-        class ModelRunner:
-            def forward(self, forward_batch):
-                canary_ctx = contextlib.nullcontext()
-                with canary_ctx:
-                    return self._forward_raw(forward_batch)
-        ''')
+    tree.run(revert)  # the clean placeholder state, upstream's context_tuple import gone
+    assert tree.read(MR) == reverted
 
 
 def test_capture_site_gets_the_draft_worker_guard_upstream_left_out(tree):
