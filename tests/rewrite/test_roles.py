@@ -133,32 +133,14 @@ def test_apply_keeps_a_contextlib_import_the_file_uses_outside_its_sites(tree):
 def test_revert_spells_the_placeholder_as_scaffold_once_apply_removed_the_file_s_own_factory_import(tree):
     """Documented limitation (docs/cli.md): apply records nothing, so an aliased factory import that
     only the placeholders used comes back as scaffold's `import contextlib`."""
-    tree.write({CG: '''
-        from contextlib import nullcontext as nc
-
-
-        class CudaGraphRunner:
-            def _capture(self, bs, forward):
-                canary_ctx = nc()
-                with canary_ctx:
-                    out = self._capture_graph(bs, forward)
-                return out
-        '''})
+    case = case_files.load("revert", "aliased_factory_import_comes_back_as_scaffolds")
+    [(revert, reverted)] = case.outputs
+    tree.write({CG: case.source.encode()})
     tree.run("apply")
     wired = tree.read(CG)
     assert "nullcontext" not in wired and wired.startswith("from canary_instrument.runtime import canary_context\n")
-    tree.run("revert")
-    assert tree.read(CG) == dedent('''
-        import contextlib
-
-
-        class CudaGraphRunner:
-            def _capture(self, bs, forward):
-                canary_ctx = contextlib.nullcontext()
-                with canary_ctx:
-                    out = self._capture_graph(bs, forward)
-                return out
-        ''')
+    tree.run(revert)
+    assert tree.read(CG) == reverted
     tree.run("apply")
     assert tree.read(CG) == wired
 
