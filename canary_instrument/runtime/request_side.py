@@ -5,15 +5,16 @@ new occupant of a row, and a KV slot the allocator frees must read as freed to a
 still reads it. Both are engine events on the host: the req-pool row allocation (sglang's
 ``ReqToTokenPool.alloc_rows``, else ``alloc``) and the KV free (``TokenToKVPoolAllocator.free``; on
 an SWA allocator its full-attention allocator's, which every full free goes through). They are
-wrapped on the instance and only noted; the device ops run at the entry of the target's next
-forward site, on the forward's stream. So the previous occupant's last forward and the finishing
-request's in-flight forward (enqueued before the event, as sglang's overlap scheduler does) never
-see them, and the next forward that could read the row or slot does.
+wrapped on the instance and only noted; the marks are made by the target's next forward, on its
+stream. So the previous occupant's last forward and the finishing request's in-flight forward
+(enqueued before the event, as sglang's overlap scheduler does) never see them, and the next
+forward that could read the row or slot does.
 
-Frees are the per-step event (an EAGLE step frees its rejected drafts): each is one copy into
-``CanaryState.freed``, a fixed device buffer that every pre-forward op empties into the rows before its
-pass, inside the forward's CUDA graph when captured, so a step costs one device op on the host. A free
-that does not fit the buffer is marked by ops at the next forward's entry instead.
+Frees are the per-step event (an EAGLE step frees its rejected drafts): each is noted as one copy of
+its slots into ``CanaryState.freed`` (on the stream current at the free), a fixed device buffer that
+every pre-forward op empties into the rows before its pass, inside the forward's CUDA graph when
+captured, so a step costs the host one device op. A free that does not fit the buffer, and every
+req-pool allocation, is applied by ops at the entry of the next forward site instead.
 """
 
 from __future__ import annotations
