@@ -79,6 +79,11 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _power_of_two(name: str, value: int | None, minimum: int) -> None:
+    if value is not None and (value < minimum or value & (value - 1)):
+        raise ValueError(f"TritonCanaryOps({name}={value}): must be a power of two >= {minimum}")
+
+
 MIN_MAX_BS = 16
 
 
@@ -141,31 +146,29 @@ class TritonCanaryOps:
     def __init__(self, block: int | None = None, programs: int | None = None, kernel_dir: Path | None = None,
                  num_warps: int | None = None, maxnreg: int | None = None, layer_chunk: int | None = None,
                  few_layers: int | None = None):
-        if block is not None and (block < 2 or block & (block - 1)):
-            raise ValueError(f"TritonCanaryOps(block={block}): must be a power of two >= 2")
+        _power_of_two("block", block, 2)
+        _power_of_two("layer_chunk", layer_chunk, 1)
+        _power_of_two("few_layers", few_layers, 1)
         self.block = block
         self.programs = programs
         self.num_warps = num_warps
         # Benchmarks only: cap registers per thread (more resident programs per multiprocessor).
         self.options = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else None
-        if layer_chunk is not None and (layer_chunk < 1 or layer_chunk & (layer_chunk - 1)):
-            raise ValueError(f"TritonCanaryOps(layer_chunk={layer_chunk}): must be a power of two >= 1")
-        if few_layers is not None and (few_layers < 1 or few_layers & (few_layers - 1)):
-            raise ValueError(f"TritonCanaryOps(few_layers={few_layers}): must be a power of two >= 1")
         # Benchmarks and tests: layers the post pass fingerprints at once (wide blocks, blocks of a few lanes).
         self.layer_chunk = layer_chunk
         self.few_layers = few_layers
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
+        spec = state_spec(state)
         if state.freed is not None:
-            self.mark_freed(state)
-        self._launch("canary_pre_forward", state, plan, [input_ids])
+            self.mark_freed(state, spec)
+        self._launch("canary_pre_forward", state, plan, [input_ids], spec)
 
-    def mark_freed(self, state: CanaryState) -> None:
+    def mark_freed(self, state: CanaryState, spec: Spec | None = None) -> None:
         """The allocator's frees noted since the last pass (``CanaryState.freed``), marked before it: inside the
         forward's graph when captured, so a replay marks them with no host work."""
-        module = load_kernel_module(state_spec(state), self.kernel_dir)
+        module = load_kernel_module(spec or state_spec(state), self.kernel_dir)
         full = [g.rows for g in state.groups if g.group == GROUP_FULL]
         capacity = state.freed.shape[0]
         module.canary_mark_freed[(triton.cdiv(capacity, MARK_BLOCK),)](
@@ -190,8 +193,9 @@ class TritonCanaryOps:
             return torch.cuda.get_device_properties(device).multi_processor_count * launch.programs_per_sm
         return 4  # the interpreter runs programs one after another; each re-plans the batch
 
-    def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list) -> None:
-        spec = state_spec(state)
+    def _launch(self, kernel_name: str, state: CanaryState, plan: PlanInputs, leading: list,
+                spec: Spec | None = None) -> None:
+        spec = spec or state_spec(state)
         module = load_kernel_module(spec, self.kernel_dir)
         kernel = getattr(module, kernel_name)
         fp_words = 0
