@@ -154,22 +154,6 @@ def same_code(node: ast.AST, text: str) -> bool:
     return ast.dump(node) == ast.dump(other)
 
 
-def local_aliases(function) -> dict[str, str]:
-    """Locals assigned a dotted name (`mr = self.model_runner` -> {"mr": "self.model_runner"})."""
-    aliases = {}
-    for node in walk(function):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = dotted_name(node.value)
-            if value is not None and "()" not in value:
-                aliases.setdefault(node.targets[0].id, value)
-    return aliases
-
-
-def expand_alias(text: str, aliases: dict[str, str]) -> str:
-    head, dot, rest = text.partition(".")
-    return aliases[head] + dot + rest if head in aliases else text
-
-
 def iter_calls(node: ast.AST, into_functions: bool = False):
     """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped).
 
