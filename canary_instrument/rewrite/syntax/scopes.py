@@ -15,7 +15,8 @@ class ClassScope:
     """A class's syntax facts, each computed once and only when an analysis asks.
 
     `text` (the class's source lines) lets a question about names the class never spells be answered
-    without walking it (see `analysis.shapes.may_name`).
+    without walking it (see `analysis.shapes.may_name`). `analysis.reach_records.ClassRecord` stays
+    apart: it is the plain record of a class (bases, attribute types) that check's cache keeps, no AST.
     """
 
     def __init__(self, cls: ast.ClassDef, text: str | None = None) -> None:
