@@ -13,6 +13,7 @@ from rewrite_trees import Tree
 
 ENGINE = case_files.load("uncovered", "engine_forward_reached_through_a_runner_in_another_file")
 MODEL_RUNNER = ENGINE.files["pkg/srt/model_executor/model_runner.py"]
+EAGER = ENGINE.files["pkg/srt/runners/eager.py"]  # test_cache builds on the same engine
 
 
 def ci301(tree: Tree) -> list[tuple[str, int, str]]:
