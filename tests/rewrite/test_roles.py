@@ -137,3 +137,28 @@ def test_apply_keeps_a_factory_import_the_module_re_exports(tree):
     tree.write(case_files.files("apply", "factory_import_re_exported"))
     tree.run("apply")
     assert tree.read(CG).startswith("from contextlib import nullcontext\n")
+
+
+def test_a_site_two_roles_fit_equally_well_is_ci108_and_apply_leaves_it_alone(tree):
+    """The catalog (cases/catalogs/) has two roles of one shape that would wire the site differently."""
+    catalog = case_files.CASES / "catalogs" / "two_roles_of_one_shape.toml"
+    source = ("import contextlib\n\n\nclass Runner:\n    def run(self):\n"
+              "        canary_ctx = contextlib.nullcontext()\n        with canary_ctx:\n            self.step()\n")
+    tree.write({"engine.py": source.encode()})
+
+    def found(result):
+        return [f"{f.line}:{f.col}: {f.code} {f.message}" for f in result.findings]
+
+    assert found(tree.run("check", catalog)) == [
+        "6:9: CI108 `canary_ctx` fits the catalog roles step_a, step_b equally well; make one more specific "
+        "(calls, requires, class_refs, loop) in the catalog",
+        "8:13: CI101 step_a site in Runner.run has no `canary_ctx` placeholder; run `canary-instrument scaffold`",
+        "8:13: CI101 step_b site in Runner.run has no `canary_ctx` placeholder; run `canary-instrument scaffold`",
+    ]
+    applied = tree.run("apply", catalog)
+    assert found(applied) == [
+        "6:9: CI108 `canary_ctx` fits the catalog roles step_a, step_b equally well; left alone",
+        "8:13: CI101 step_a site in Runner.run has no placeholder; run `canary-instrument scaffold` first",
+        "8:13: CI101 step_b site in Runner.run has no placeholder; run `canary-instrument scaffold` first",
+    ]
+    assert applied.changes == [] and tree.read("engine.py") == source
