@@ -47,10 +47,9 @@ def may_name(text: str | None, patterns) -> bool:
 
 class ClassFacts(ClassScope):
     """What the finders ask about a class: whether it reaches a manager's owner, holds or is a model
-    runner, computed from its syntax facts once and only when asked.
-
-    `text` (the class's source lines) lets a question about names the class never spells be answered
-    without walking it: a file's classes are asked about on every hook search, and most cannot matter.
+    runner, answered from its syntax facts. A question about names the class's `text` never spells is
+    answered without walking it: a file's classes are asked about on every hook search, and most
+    cannot matter.
     """
 
     def reaches(self, owner: str) -> bool:
