@@ -130,6 +130,7 @@ class EngineBench:
         bench = self._bench_for(fault)
         if bench is not self:
             return bench.run_trial(fault, seed, warmup, max_wait)
+        max_wait = max(max_wait, fault.max_wait or 0)
         rng = random.Random(seed)
         self.reset()
         workload = Workload(self.engine, rng)
