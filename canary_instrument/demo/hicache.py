@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional
 # The host tier at work: a device pool a third of the matrix's, so prefixes leave the device within a few
 # steps and come back from the host on the next hit.
 HICACHE_ENGINE_ARGS = (("enable_hierarchical_cache", True), ("max_total_tokens", 256))
+# A clean run starts from an empty cache: nothing leaves the device before the pool has filled up once.
+MIN_CLEAN_STEPS = 40
 
 
 def host_pool(engine) -> Any:
@@ -140,33 +142,58 @@ class ArmedHiCacheFault:
             self.returns.append((step, prompt))
 
     def _evicted_path(self) -> Optional[list]:
-        """The tokens of a cached path whose tail is on the host only, and one more token (a match then loads
-        the tail back): for ``hicache_host_copy`` down to a flipped host slot, for ``hicache_load_slots`` to a
-        node whose parent is on the host too (a load of one slot has nothing to rotate). None if none is."""
-        cache = self.engine.scheduler.tree_cache
-        stack = list(cache.root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if not node.evicted:
-                continue
-            if self.fault.hicache_kind == "hicache_host_copy":
-                if node.host_value[0] not in self.flipped:
-                    continue
-            elif node.parent is cache.root or not node.parent.evicted:
-                continue
-            tokens = []
-            while node is not cache.root:
-                tokens.append(node.key[0])
-                node = node.parent
-            return tokens[::-1] + [self._token.randrange(self.engine.server_args.vocab_size)]
-        return None
+        """For ``hicache_host_copy``, a path down to a flipped host slot; for ``hicache_load_slots``, one whose host
+        tail has two slots or more (a load of one slot has nothing to rotate)."""
+        if self.fault.hicache_kind == "hicache_host_copy":
+            return evicted_path(self.engine, self._token, lambda node: node.host_value[0] in self.flipped)
+        return evicted_path(self.engine, self._token, lambda node: node.parent.evicted)
 
     def disarm(self):
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
         self.armed.remove()
+
+
+def evicted_path(engine, rng: random.Random, accept: Callable[[Any], bool] = lambda node: True) -> Optional[list]:
+    """The tokens of a cached path down to a node the device no longer holds (only the host does) that
+    ``accept`` takes, and one more token: a request with them makes the cache load that tail back. None if
+    there is no such node."""
+    cache = engine.scheduler.tree_cache
+    stack = list(cache.root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if not node.evicted or not accept(node):
+            continue
+        tokens = []
+        while node is not cache.root:
+            tokens.append(node.key[0])
+            node = node.parent
+        return tokens[::-1] + [rng.randrange(engine.server_args.vocab_size)]
+    return None
+
+
+class ReturningWorkload:
+    """The matrix's workload, plus a user who returns to a conversation the device evicted every few steps,
+    so that a short run loads KV back from the host too."""
+
+    EVERY = 4
+
+    def __init__(self, engine, rng: random.Random):
+        from canary_instrument.demo.workload import Workload
+
+        self.engine, self.rng = engine, rng
+        self.inner = Workload(engine, rng)
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps % self.EVERY == 0:
+            prompt = evicted_path(self.engine, self.rng)
+            if prompt is not None:
+                self.engine.add_request(prompt, ArmedHiCacheFault.RETURN_NEW_TOKENS)
+        return self.inner.step()
 
 
 def swa_refusal(engine_module, engine_args: dict) -> str:
@@ -243,3 +270,31 @@ def control_trial(make_bench: Callable[[], Any], fault, seed: int, warmup: tuple
     _, clean, _ = run(0.0, injection.step, returns)
     before = sum(len(v) for step, v in faulty.items() if step < injection.step)
     return ControlResult(injection, _summary(faulty[injection.step]), _summary(clean.get(injection.step, [])), before)
+
+
+@dataclass
+class HiCacheRun:
+    """One layout's clean runs through the host tier, with and without the sidecar, and each fault's control."""
+
+    layout: str
+    host_pool: str  # the host pool class the runtime found
+    with_sidecar: Any  # matrix.CleanResult
+    without_sidecar: Any
+    loaded_back: int  # tokens loaded back from the host in the clean run (the same in the run without the sidecar)
+    controls: dict  # fault name -> ControlResult
+
+
+def run_layout(bench, faults: list, steps: int, seed: int) -> HiCacheRun:
+    """``bench``: the matrix's bench of a HiCache engine (its sibling for these faults)."""
+    from canary_instrument.runtime.hicache import unwrap
+
+    # Fresh engines for both: the same steps, whatever runs the matrix's engine made before.
+    followed = bench.fresh()
+    with_sidecar = followed.clean_run(steps, seed, ReturningWorkload)
+    loaded = followed.engine.scheduler.tree_cache.loaded_back_tokens
+    plain = bench.fresh()
+    unwrap(host_pool(plain.engine))
+    without = plain.clean_run(steps, seed, ReturningWorkload)
+    controls = {fault.name: control_trial(bench.fresh, fault, seed) for fault in faults}
+    return HiCacheRun(bench.variant.layout, type(host_pool(bench.engine)).__name__, with_sidecar, without, loaded,
+                      controls)

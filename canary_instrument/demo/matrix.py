@@ -127,7 +127,7 @@ class EngineBench:
         return self.flush()
 
     def run_trial(self, fault: Fault, seed: int, warmup: tuple[int, int] = (3, 12), max_wait: int = 24) -> TrialResult:
-        bench = self._bench_for(fault)
+        bench = self.bench_for(fault)
         if bench is not self:
             return bench.run_trial(fault, seed, warmup, max_wait)
         max_wait = max(max_wait, fault.max_wait or 0)
@@ -157,7 +157,11 @@ class EngineBench:
         result.injection = armed.injection
         return result
 
-    def _bench_for(self, fault: Fault) -> "EngineBench":
+    def fresh(self) -> "EngineBench":
+        """A new engine with this bench's settings (an engine whose canary state no earlier run touched)."""
+        return EngineBench(self._module, self.variant, environ=self._environ, **self._overrides)
+
+    def bench_for(self, fault: Fault) -> "EngineBench":
         """This bench, or a sibling whose engine has the settings ``fault`` needs (built once)."""
         args, environ = dict(self._overrides, **dict(fault.engine_args)), dict(self._environ, **dict(fault.environ))
         if args == self._overrides and environ == self._environ:
@@ -167,11 +171,11 @@ class EngineBench:
             self._siblings[key] = EngineBench(self._module, self.variant, environ=environ, **args)
         return self._siblings[key]
 
-    def clean_run(self, steps: int, seed: int) -> CleanResult:
+    def clean_run(self, steps: int, seed: int, workload_class=Workload) -> CleanResult:
         rng = random.Random(seed)
         self.reset()
         stats_before = _copy_stats(self.engine.scheduler.stats)
-        workload = Workload(self.engine, rng)
+        workload = workload_class(self.engine, rng)
         violations = []
         start = time.perf_counter()
         for _ in range(steps):
