@@ -107,9 +107,15 @@ def _run(root: Path, layouts, trials: int, clean_steps: int, seed: int, no_overh
     _print_matrix(variants, results, swa_refusal)
     hicache_runs = _run_hicache(benches, variants, clean_steps, seed)
     _print_hicache(hicache_runs, swa_refusal)
+    jitter_runs = _run_and_print_jitter(module)
     if not no_overhead:
         _print_overhead(module, layouts)
-    return _summary(cleans, results, hicache_runs)
+    ok = _summary(cleans, results, hicache_runs)
+    if jitter_runs is not None:
+        from canary_instrument.demo.jitter_race import as_expected
+
+        ok = ok and as_expected(jitter_runs)
+    return ok
 
 
 def _print_diff(command: str, diffs, what: str):
@@ -187,7 +193,7 @@ def _run_hicache(benches, variants, clean_steps: int, seed: int) -> list:
     for variant in variants:
         if faults and faults[0].applies(variant.layout, variant.eagle):
             runs.append(hicache.run_layout(benches[variant].bench_for(faults[0]), faults,
-                                           max(clean_steps, hicache.MIN_CLEAN_STEPS), seed))
+                                           hicache.clean_steps(clean_steps), seed))
     return runs
 
 
@@ -227,10 +233,39 @@ def _print_hicache(runs, swa_refusal):
         click.echo("   swa: refused at attach (the matrix's note); the engine has no host tier for a window pool either.")
 
 
+def _run_and_print_jitter(module):
+    """The jitter race (demo/jitter_race.py) on an MHA engine: its three runs, or None where it cannot run."""
+    from canary_instrument.demo import jitter_race
+
+    click.secho("\n5. Timing jitter: a KV write on a side stream that the forward never waits for", bold=True)
+    reason = jitter_race.unavailable()
+    if reason is not None:
+        click.echo(f"   not run: {reason}. On a CUDA machine this section runs the race with jitter off, on\n"
+                   f"   (SGLANG_KV_CANARY_JITTER_POINTS={jitter_race.JITTER_POINTS}, up to "
+                   f"{jitter_race.JITTER_US // 1000} ms) and on with the stream wait restored.")
+        return None
+
+    def make(args):
+        engine = module.Engine(**args)
+        return engine, engine.model_runner.canary_manager
+
+    runs = jitter_race.run_all(make)
+    click.echo(f"   mha engine, {len(jitter_race.PROMPTS)} requests x {jitter_race.STEPS} new tokens, real-KV "
+               "fingerprints of every layer, eager decode:")
+    labels = ("jitter off", f"jitter at {jitter_race.JITTER_POINTS}, up to {jitter_race.JITTER_US // 1000} ms",
+              "the same jitter, stream wait restored")
+    for label, run, expect in zip(labels, runs, (False, True, False)):
+        reasons = ", ".join(sorted(run.reasons)) or "-"
+        color = "green" if bool(run.violations) == expect else "red"
+        click.echo(f"   {label:<42}" + click.style(f"{len(run.violations):>6} violations", fg=color)
+                   + f"  ({reasons})")
+    return runs
+
+
 def _print_overhead(module, layouts):
     from canary_instrument.demo.overhead import committed_gpu_overhead, measure_overhead
 
-    click.secho("\n5. Canary overhead: median decode step, canary off vs on (log, real-KV partial)", bold=True)
+    click.secho("\n6. Canary overhead: median decode step, canary off vs on (log, real-KV partial)", bold=True)
     devices = set()
     for layout in layouts:
         o = measure_overhead(module, layout)

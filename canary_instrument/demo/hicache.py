@@ -21,6 +21,11 @@ HICACHE_ENGINE_ARGS = (("enable_hierarchical_cache", True), ("max_total_tokens",
 MIN_CLEAN_STEPS = 40
 
 
+def clean_steps(matrix_clean_steps: int) -> int:
+    """Steps of each HiCache clean run: half the matrix's (two runs per layout), at least MIN_CLEAN_STEPS."""
+    return max(MIN_CLEAN_STEPS, matrix_clean_steps // 2)
+
+
 def host_pool(engine) -> Any:
     """The engine's host KV pool, found the way the runtime finds it (by structure under the prefix cache)."""
     from canary_instrument.runtime.hicache_find import find_host_pools

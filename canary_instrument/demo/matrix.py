@@ -102,7 +102,7 @@ class EngineBench:
         self.variant = variant
         self._module, self._overrides, self._environ = engine_module, overrides, dict(environ or {})
         self._siblings: dict = {}  # (engine args, environ) of a fault -> the bench built with them
-        with _environ(self._environ):  # the canary reads its settings once, at install
+        with scoped_environ(self._environ):  # the canary reads its settings once, at install
             self.engine = engine_module.Engine(**args)
         self.managers = [m for m in (getattr(r, "canary_manager", None) for r in self.engine.model_runners) if m]
         if not self.managers:
@@ -185,7 +185,8 @@ class EngineBench:
 
 
 @contextlib.contextmanager
-def _environ(values: dict):
+def scoped_environ(values: dict):
+    """Set environment variables for the block (the canary reads its settings once, at install)."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
