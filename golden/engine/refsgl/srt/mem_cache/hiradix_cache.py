@@ -57,9 +57,7 @@ class HiRadixCache(RadixCache):
         super().__init__(allocator, disable=disable)
 
     def reset(self):
-        self.root = HiTreeNode(None, 0, None)
-        self.root.lock_ref = 1
-        self.num_nodes = 0
+        super().reset()
         self.token_to_kv_pool_host.clear()
 
     # ------------------------------------------------------------------ matching and loading back
@@ -68,14 +66,7 @@ class HiRadixCache(RadixCache):
         """Longest cached prefix, its host-only tail loaded back to the device (or cut off when that fails)."""
         if self.disable:
             return [], self.root
-        node, path = self.root, []
-        for key in self._keys(token_ids)[: len(token_ids) - 1]:
-            child = node.children.get(key)
-            if child is None:
-                break
-            child.last_access = next(_clock)
-            path.append(child)
-            node = child
+        path = self._match_path(self._keys(token_ids)[: len(token_ids) - 1])
         on_device = next((i for i, n in enumerate(path) if n.evicted), len(path))
         if on_device < len(path) and not self._load_back(path[on_device:], path[on_device - 1] if on_device else self.root):
             path = path[:on_device]
@@ -98,27 +89,18 @@ class HiRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ inserting and backing up
 
+    def _new_node(self, key, slot: int, parent: HiTreeNode) -> HiTreeNode:
+        return HiTreeNode((key,), slot, parent)
+
     def insert(self, token_ids: list[int], slots: list[int]) -> list[int]:
         if self.disable:
             return list(slots)
         keys = self._keys(token_ids)[: len(slots)]
-        if len(keys) < len(slots):
-            raise ValueError(f"insert: {len(slots)} slots need {len(slots)} token ids")
-        node, duplicates, path = self.root, [], []
-        for key, slot in zip(keys, slots):
-            child = node.children.get(key)
-            if child is None:
-                child = HiTreeNode((key,), slot, node)
-                node.children[key] = child
-                self.num_nodes += 1
-            elif child.evicted:
-                child.value = [slot]  # on the host only: the request's slot holds this position's KV again
-            elif child.slot != slot:
-                duplicates.append(slot)
-            child.last_access = next(_clock)
-            path.append(child)
-            node = child
-        self._write_through(path)
+        for node, slot in zip(self._match_path(keys), slots):
+            if node.evicted:
+                node.value = [slot]  # on the host only: the request's slot holds this position's KV again
+        duplicates = super().insert(token_ids, slots)
+        self._write_through(self._match_path(keys))
         return duplicates
 
     def _write_through(self, path: list[HiTreeNode]):
