@@ -2,8 +2,10 @@
 
 Copies the pristine engine, runs scaffold / check / apply / check on it as a user would,
 runs clean workloads and one fault-injection trial per (layout, EAGLE on/off, fault),
-and prints what the canary caught, how fast, and what it costs. Exit 0 when every fault
-was caught and no clean step reported anything.
+and prints what the canary caught, how fast, and what it costs; then HiCache's host tier
+with and without the runtime's sidecar (demo/hicache.py) and, on CUDA, the stream race that
+timing jitter reveals (demo/jitter_race.py). Exit 0 when every fault was caught, no clean
+step reported anything and, where it ran, the race showed only with jitter.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ REASON_ORDER = [name for _, name in sorted(REASON_NAMES.items())]  # reason-bit 
 @click.command(
     "demo",
     help="Instrument a copy of the bundled reference engine (scaffold, check, apply), run it clean and "
-    "under every fault class on MHA, MLA and SWA pools with and without EAGLE, and print what the "
-    "canary caught and what it cost.",
+    "under every fault class on MHA, MLA and SWA pools with and without EAGLE (HiCache's host tier with and "
+    "without the canary's sidecar; on CUDA, a stream race with and without timing jitter), and print what "
+    "the canary caught and what it cost.",
 )
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(LAYOUT_CHOICES),
               help="Pool layouts to run (repeatable; default: all three).")
@@ -240,9 +243,10 @@ def _run_and_print_jitter(module):
     click.secho("\n5. Timing jitter: a KV write on a side stream that the forward never waits for", bold=True)
     reason = jitter_race.unavailable()
     if reason is not None:
-        click.echo(f"   not run: {reason}. On a CUDA machine this section runs the race with jitter off, on\n"
-                   f"   (SGLANG_KV_CANARY_JITTER_POINTS={jitter_race.JITTER_POINTS}, up to "
-                   f"{jitter_race.JITTER_US // 1000} ms) and on with the stream wait restored.")
+        click.echo(textwrap.fill(
+            f"not run: {reason}. On a CUDA machine this section runs the race with jitter off, on "
+            f"(SGLANG_KV_CANARY_JITTER_POINTS={jitter_race.JITTER_POINTS}, up to {jitter_race.JITTER_US // 1000} ms) "
+            "and on with the stream wait restored.", width=110, initial_indent="   ", subsequent_indent="   "))
         return None
 
     def make(args):

@@ -259,10 +259,13 @@ def mixed_decode_token(engine, rng, forward_batch=None, **_) -> Optional[tuple[s
     return f"req {riding[rows[i]].rid} position {position}: input token {old} -> {new} in a mixed batch", {ORACLE}
 
 
+# The host tier at work: a device pool a third of the matrix's, so prefixes leave the device within a few
+# steps and come back from the host on the next hit.
+HICACHE_ENGINE_ARGS = (("enable_hierarchical_cache", True), ("max_total_tokens", 256))
+
+
 def _hicache(kind: str, title: str, expected: set) -> Fault:
     """A fault in the host tier, on an engine with HiCache; the reference engine has no host tier with EAGLE."""
-    from canary_instrument.demo.hicache import HICACHE_ENGINE_ARGS
-
     # A flipped host copy is seen only once a prefix hit loads that slot back: that can take a while.
     return Fault(kind, title, "host_pool", hicache_kind=kind, expected=frozenset(expected), without_eagle=True,
                  engine_args=HICACHE_ENGINE_ARGS, max_wait=60)

@@ -14,9 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-# The host tier at work: a device pool a third of the matrix's, so prefixes leave the device within a few
-# steps and come back from the host on the next hit.
-HICACHE_ENGINE_ARGS = (("enable_hierarchical_cache", True), ("max_total_tokens", 256))
+from canary_instrument.demo.faults import Injection
+
 # A clean run starts from an empty cache: nothing leaves the device before the pool has filled up once.
 MIN_CLEAN_STEPS = 40
 
@@ -71,9 +70,6 @@ class ArmedHiCacheFault:
         from canary_instrument.runtime.hicache_find import host_transfers
         from canary_instrument.runtime.perturb.hicache import inject_hicache_fault
 
-        from canary_instrument.demo.faults import Injection
-
-        self._Injection = Injection
         self.fault, self.engine = fault, engine
         self.injection = None
         self.pool = host_pool(engine)
@@ -110,7 +106,7 @@ class ArmedHiCacheFault:
                 device = load.argument(args, kwargs, "device_indices").reshape(-1).tolist()
                 hit = next((i for i, slot in enumerate(host) if slot in self.flipped), None)
                 if hit is not None:
-                    self.injection = self._Injection(
+                    self.injection = Injection(
                         self._step(),
                         f"host slot {host[hit]} (K of every layer flipped after its backup at step "
                         f"{self.flipped[host[hit]]}) loaded back into device slot {device[hit]}",
@@ -125,7 +121,7 @@ class ArmedHiCacheFault:
             return
         hit = self.armed.injections[0]
         slots, moved = hit["device_slots"].reshape(-1).tolist(), hit["moved_to"].reshape(-1).tolist()
-        self.injection = self._Injection(
+        self.injection = Injection(
             self.engine.scheduler.forward_ct,
             f"a load of {len(slots)} host slots wrote device slots {moved[:4]}{'...' if len(slots) > 4 else ''}, "
             f"the cache names {slots[:4]}{'...' if len(slots) > 4 else ''}",
@@ -163,8 +159,9 @@ class ArmedHiCacheFault:
 def evicted_path(engine, rng: random.Random, accept: Callable[[Any], bool] = lambda node: True) -> Optional[list]:
     """The tokens of a cached path down to a node the device no longer holds (only the host does) that
     ``accept`` takes, and one more token: a request with them makes the cache load that tail back. None if
-    there is no such node."""
+    there is no such node (or its path leaves no room for the returning request's new tokens)."""
     cache = engine.scheduler.tree_cache
+    room = engine.server_args.max_context_len - 1 - ArmedHiCacheFault.RETURN_NEW_TOKENS
     stack = list(cache.root.children.values())
     while stack:
         node = stack.pop()
@@ -175,7 +172,8 @@ def evicted_path(engine, rng: random.Random, accept: Callable[[Any], bool] = lam
         while node is not cache.root:
             tokens.append(node.key[0])
             node = node.parent
-        return tokens[::-1] + [rng.randrange(engine.server_args.vocab_size)]
+        if len(tokens) < room:
+            return tokens[::-1] + [rng.randrange(engine.server_args.vocab_size)]
     return None
 
 
