@@ -217,8 +217,8 @@ def _print_hicache(runs, swa_refusal):
                 color = "green" if (label == "on") == (not clean.violations) else "red"
                 click.echo(f"   {run.layout:<6} {label:<8} {clean.steps:>5} {run.loaded_back:>11} "
                            + click.style(f"{len(clean.violations):>10}", fg=color))
-        click.echo("   Without the sidecar every load-back reads rows of the slots' earlier holders. The same trials as\n"
-                   "   the matrix's, without the sidecar, against the same steps without the fault:")
+        click.echo("   Without the sidecar every load-back reads rows of the slots' earlier holders. The matrix's HiCache\n"
+                   "   faults without the sidecar, each against the same steps without the fault:")
         for name in runs[0].controls:
             cells = []
             for run in runs:

@@ -21,8 +21,9 @@ MIN_CLEAN_STEPS = 40
 
 
 def clean_steps(matrix_clean_steps: int) -> int:
-    """Steps of each HiCache clean run: half the matrix's (two runs per layout), at least MIN_CLEAN_STEPS."""
-    return max(MIN_CLEAN_STEPS, matrix_clean_steps // 2)
+    """Steps of each HiCache clean run: a quarter of the matrix's (two runs per layout, and the load-backs
+    start once the pool is full), at least MIN_CLEAN_STEPS."""
+    return max(MIN_CLEAN_STEPS, matrix_clean_steps // 4)
 
 
 def host_pool(engine) -> Any:
@@ -239,7 +240,7 @@ def _summary(violations) -> list:
     return sorted((v.slot, v.position, tuple(v.reasons)) for v in violations)
 
 
-def control_trial(make_bench: Callable[[], Any], fault, seed: int, warmup: tuple[int, int] = (3, 12),
+def control_trial(make_bench: Callable[[], Any], fault, seed: int, warmup: tuple[int, int] = (2, 6),
                   max_wait: int = 40) -> ControlResult:
     """Run one trial of ``fault`` without the sidecar, then the same steps on a fresh engine with the fault
     switched on at rate 0 (and the same returning requests), and compare what the canary reports at the
