@@ -1,6 +1,7 @@
-"""The demo's HiCache rows on CPU: on the instrumented reference engine with its host tier, each host-tier fault
-is caught with the runtime's sidecar, and without it the canary reports at the fault's read exactly what it
-reports for the same steps without the fault; clean load-backs read clean only with the sidecar; SWA is refused."""
+"""The demo's HiCache rows: on the instrumented reference engine with its host tier, each host-tier fault is caught
+with the runtime's sidecar, and without it the canary reports at the fault's read exactly what it reports for the
+same steps without the fault; clean load-backs read clean only with the sidecar; SWA is refused. On CPU (the
+demo's device) and, where one is visible, on CUDA (Triton passes, CUDA graphs, the host pool in host memory)."""
 
 import logging
 
@@ -12,6 +13,7 @@ from canary_instrument.demo.faults import FAULTS
 
 HICACHE_FAULTS = [FAULTS["hicache_host_copy"], FAULTS["hicache_load_slots"]]
 LAYOUTS = ("mha", "mla")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +31,24 @@ def engine_module(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def benches(engine_module):
-    """Per layout, the matrix's bench of an engine with the host tier (the HiCache faults' sibling)."""
-    return {layout: matrix.EngineBench(engine_module, matrix.Variant(layout, False)).bench_for(HICACHE_FAULTS[0])
-            for layout in LAYOUTS}
+    """Per (device, layout), the matrix's bench of an engine with the host tier (the HiCache faults' sibling),
+    built on first use."""
+    made = {}
+
+    def bench(device, layout):
+        if (device, layout) not in made:
+            base = matrix.EngineBench(engine_module, matrix.Variant(layout, False), device=device)
+            made[device, layout] = base.bench_for(HICACHE_FAULTS[0])
+        return made[device, layout]
+
+    return bench
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("fault", HICACHE_FAULTS, ids=lambda f: f.name)
-def test_a_host_tier_fault_is_caught_with_the_sidecar_and_missed_without(benches, layout, fault):
-    bench = benches[layout]
+def test_a_host_tier_fault_is_caught_with_the_sidecar_and_missed_without(benches, device, layout, fault):
+    bench = benches(device, layout)
     assert bench.engine.server_args.enable_hierarchical_cache
     for seed in range(3):
         trial = bench.run_trial(fault, seed)
@@ -49,9 +60,10 @@ def test_a_host_tier_fault_is_caught_with_the_sidecar_and_missed_without(benches
     assert control.missed  # ... and nothing the fault changed
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_clean_load_backs_read_clean_only_with_the_sidecar(benches, layout):
-    run = hicache.run_layout(benches[layout], [], hicache.MIN_CLEAN_STEPS, seed=0)
+def test_clean_load_backs_read_clean_only_with_the_sidecar(benches, device, layout):
+    run = hicache.run_layout(benches(device, layout), [], hicache.MIN_CLEAN_STEPS, seed=0)
     assert run.host_pool == {"mha": "MHATokenToKVPoolHost", "mla": "MLATokenToKVPoolHost"}[layout]
     assert run.loaded_back > 0
     assert run.with_sidecar.violations == []
