@@ -19,9 +19,7 @@ of 0..max_us per point, about max_us / 2 on average.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -120,19 +118,7 @@ def main(argv=None):
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
-    device_name = (torch.cuda.get_device_name() if args.device == "cuda"
-                   else platform.processor() or platform.machine())
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        meta = dict(device=args.device, device_name=device_name, torch=torch.__version__, command=" ".join(sys.argv),
-                    cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
-                    time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-        args.out.with_suffix(".md").write_text(f"Machine: {device_name} ({args.device}), torch {torch.__version__}; "
-                                               f"`{meta['command']}`\n\n{table}\n")
-
+    step_overhead.save_results(args.out, args.device, not args.disable_cuda_graph, rows, markdown(rows))
 
 if __name__ == "__main__":
     main()

@@ -16,9 +16,7 @@ one setting show the noise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -94,18 +92,7 @@ def main(argv=None):
             os.environ.pop(ORACLE_VAR, None)
         else:
             os.environ[ORACLE_VAR] = saved
-    device_name = (torch.cuda.get_device_name() if args.device == "cuda"
-                   else platform.processor() or platform.machine())
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        meta = dict(device=args.device, device_name=device_name, torch=torch.__version__, command=" ".join(sys.argv),
-                    cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
-                    time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-        args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-        args.out.with_suffix(".md").write_text(f"Machine: {device_name} ({args.device}), torch {torch.__version__}; "
-                                               f"`{meta['command']}`\n\n{table}\n")
-
+    step_overhead.save_results(args.out, args.device, not args.disable_cuda_graph, rows, markdown(rows))
 
 if __name__ == "__main__":
     main()

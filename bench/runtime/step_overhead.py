@@ -479,6 +479,21 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
+def save_results(out, device: str, graphs: bool, rows: list, table: str) -> None:
+    """Print ``table``; with ``out``, write the rows and the run's machine and command as JSON there, and the
+    table as markdown beside it (the benchmarks that drive this module's engine share this)."""
+    print(table)
+    if not out:
+        return
+    device_name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
+    meta = dict(device=device, device_name=device_name, torch=torch.__version__, command=" ".join(sys.argv),
+                cuda_graphs=device == "cuda" and graphs, time=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    out.with_suffix(".md").write_text(f"Machine: {device_name} ({device}), torch {torch.__version__}; "
+                                      f"`{meta['command']}`\n\n{table}\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bs", type=int, nargs="+", default=[8, 64, 256])
