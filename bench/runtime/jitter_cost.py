@@ -19,7 +19,6 @@ of 0..max_us per point, about max_us / 2 on average.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -34,9 +33,6 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import step_overhead  # noqa: E402
 
-JITTER_VARS = ("SGLANG_KV_CANARY_JITTER_MAX_US", "SGLANG_KV_CANARY_JITTER_POINTS", "SGLANG_KV_CANARY_JITTER_SEED")
-
-
 def _kernels_seen(case, steps: int) -> float:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case.device == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -47,9 +43,10 @@ def _kernels_seen(case, steps: int) -> float:
 
 def run(module, bs: int, max_us: int, points: str, steps: int, warmup: int, profile_steps: int, device: str,
         graphs: bool) -> dict:
-    os.environ["SGLANG_KV_CANARY_JITTER_MAX_US"] = str(max_us)
-    os.environ["SGLANG_KV_CANARY_JITTER_POINTS"] = points
-    case = step_overhead.Case(module, bs, 1, True, warmup + steps + profile_steps, device, graphs)
+    settings = {"SGLANG_KV_CANARY_JITTER_MAX_US": str(max_us), "SGLANG_KV_CANARY_JITTER_POINTS": points,
+                "SGLANG_KV_CANARY_JITTER_SEED": "0"}
+    with step_overhead.matrix.scoped_environ(settings):  # read at install
+        case = step_overhead.Case(module, bs, 1, True, warmup + steps + profile_steps, device, graphs)
     jitters = [m.jitter for m in case.managers if m.jitter is not None]
     for _ in range(warmup):
         case.step()
@@ -93,31 +90,16 @@ def main(argv=None):
     parser.add_argument("--max-us", type=int, nargs="+", default=[0, 1, 20],
                         help="SGLANG_KV_CANARY_JITTER_MAX_US per run; 0 = off")
     parser.add_argument("--points", default="all", help="SGLANG_KV_CANARY_JITTER_POINTS for the runs with jitter on")
-    parser.add_argument("--steps", type=int, default=200, help="timed decode steps per run")
-    parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--profile-steps", type=int, default=10, help="steps under torch.profiler (0: none)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--disable-cuda-graph", action="store_true")
-    parser.add_argument("--out", type=Path, help="write the figures as JSON here (and .md beside it)")
+    step_overhead.add_run_options(parser)
     args = parser.parse_args(argv)
-    saved = {var: os.environ.get(var) for var in JITTER_VARS}
-    os.environ["SGLANG_KV_CANARY_JITTER_SEED"] = "0"
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    module = step_overhead.timed_engine("canary-jitter-cost-")
+    module = step_overhead.start_engine(args, "canary-jitter-cost-")
     rows = []
-    try:
-        for bs in args.bs:
-            for max_us in args.max_us:
-                rows.append(run(module, bs, max_us, args.points, args.steps, args.warmup, args.profile_steps,
-                                args.device, graphs=not args.disable_cuda_graph))
-                print(markdown(rows).splitlines()[-1], flush=True)
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
+    for bs in args.bs:
+        for max_us in args.max_us:
+            rows.append(run(module, bs, max_us, args.points, args.steps, args.warmup, args.profile_steps,
+                            args.device, graphs=not args.disable_cuda_graph))
+            print(markdown(rows).splitlines()[-1], flush=True)
     step_overhead.save_results(args.out, args.device, not args.disable_cuda_graph, rows, markdown(rows))
 
 if __name__ == "__main__":

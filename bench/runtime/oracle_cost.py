@@ -16,7 +16,6 @@ one setting show the noise.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -26,16 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
 import step_overhead  # noqa: E402
 
 ORACLE_VAR = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 
 
 def run(module, bs: int, oracle: bool, steps: int, warmup: int, device: str, graphs: bool) -> dict:
-    os.environ[ORACLE_VAR] = "1" if oracle else "0"
-    case = step_overhead.Case(module, bs, 1, True, warmup + steps, device, graphs)
+    with step_overhead.matrix.scoped_environ({ORACLE_VAR: "1" if oracle else "0"}):  # read at install
+        case = step_overhead.Case(module, bs, 1, True, warmup + steps, device, graphs)
     installed = [m.token_oracle is not None for m in case.managers]
     if installed != [oracle] * len(installed):
         raise RuntimeError(f"the oracle is {'not ' if oracle else ''}installed where this run asked otherwise")
@@ -68,30 +65,17 @@ def markdown(rows) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bs", type=int, nargs="+", default=[8, 64, 256])
-    parser.add_argument("--steps", type=int, default=200, help="timed decode steps per run")
-    parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2, help="(off, on) pairs per batch size")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--disable-cuda-graph", action="store_true")
-    parser.add_argument("--out", type=Path, help="write the figures as JSON here (and .md beside it)")
+    step_overhead.add_run_options(parser)
     args = parser.parse_args(argv)
-    saved = os.environ.get(ORACLE_VAR)
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    module = step_overhead.timed_engine("canary-oracle-cost-")
+    module = step_overhead.start_engine(args, "canary-oracle-cost-")
     rows = []
-    try:
-        for bs in args.bs:
-            for _ in range(args.rounds):
-                for oracle in (False, True):
-                    rows.append(run(module, bs, oracle, args.steps, args.warmup, args.device,
-                                    graphs=not args.disable_cuda_graph))
-                    print(markdown(rows).splitlines()[-1], flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop(ORACLE_VAR, None)
-        else:
-            os.environ[ORACLE_VAR] = saved
+    for bs in args.bs:
+        for _ in range(args.rounds):
+            for oracle in (False, True):
+                rows.append(run(module, bs, oracle, args.steps, args.warmup, args.device,
+                                graphs=not args.disable_cuda_graph))
+                print(markdown(rows).splitlines()[-1], flush=True)
     step_overhead.save_results(args.out, args.device, not args.disable_cuda_graph, rows, markdown(rows))
 
 if __name__ == "__main__":

@@ -479,6 +479,22 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
+def add_run_options(parser, steps: int = 200, warmup: int = 20) -> None:
+    """The options of a benchmark that times decode steps of this module's engine (jitter_cost, oracle_cost)."""
+    parser.add_argument("--steps", type=int, default=steps, help="timed decode steps per run")
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--disable-cuda-graph", action="store_true")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here (and .md beside it)")
+
+
+def start_engine(args, prefix: str):
+    """The instrumented engine copy those benchmarks build their cases from (one thread on CPU)."""
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    return timed_engine(prefix)
+
+
 def save_results(out, device: str, graphs: bool, rows: list, table: str) -> None:
     """Print ``table``; with ``out``, write the rows and the run's machine and command as JSON there, and the
     table as markdown beside it (the benchmarks that drive this module's engine share this)."""
