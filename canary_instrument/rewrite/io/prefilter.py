@@ -96,7 +96,9 @@ class Prefilter:
         # An object built with the draft flag (`is_draft_worker=True`): its model runner's forward is a
         # draft forward under any attribute name (reach: `respell`), so the file joins the call graph.
         flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)), None)
-        self._draft_flag = re.compile(rb"\b" + flag.encode() + rb"\s*=\s*True\b") if flag else None
+        self._draft_flag = (
+            [flag.encode()], re.compile(rb"(?<!\w)" + re.escape(flag.encode()) + rb"\s*=\s*True\b")
+        ) if flag else None
         # Placeholder names not caught by the canary-named pattern (a catalog may name its own).
         self._placeholders = sorted(
             name.encode() for name in catalog.placeholder_names | {catalog.member} if not _STRAY.fullmatch(name.encode())
@@ -189,8 +191,13 @@ class Prefilter:
 
     def builds_draft(self, data: bytes) -> bool:
         """The file builds an object with the draft flag and calls a forward on an attribute of `self`."""
-        return (self._draft_flag is not None and b"True" in data and _SELF_FORWARD.search(data) is not None
-                and self._draft_flag.search(data) is not None)
+        # Tried only where the flag's name stands: a regex searched from every position of every file
+        # costs more than the rest of the prefilter.
+        if self._draft_flag is None:
+            return False
+        (word,), regex = self._draft_flag
+        return (word in data and next(_matches_at(regex, data, [word]), None) is not None
+                and _SELF_FORWARD.search(data) is not None)
 
     def has_trigger(self, data: bytes) -> bool:
         for (word, regex), leads in zip(self._triggers, self._leads):
