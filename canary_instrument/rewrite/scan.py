@@ -21,7 +21,7 @@ from canary_instrument.rewrite.analysis.locate import analyse
 from canary_instrument.rewrite.analysis.modules import module_files
 from canary_instrument.rewrite.io.parallel import Pair
 from canary_instrument.rewrite.analysis.placement import Placement
-from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter, defines_class
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
@@ -252,15 +252,20 @@ class Scan:
                 parts = self._parts()
                 position = {key: index for index, (key, _) in enumerate(self.others)}
                 stats = dict(self.others)
+            # A class wanted for its definition is looked for where the code imports it from; only one
+            # not defined there is searched for in every file.
+            imported = self._imported(wanted, stats)
+            search = {entry for entry in wanted if entry[0] != "define" or entry[1] not in imported}
             # Each side searches the files whose bytes it holds; the files found are then analysed on
             # both sides, split by size (one side may find all of them). Reports join the tree in the
             # order of the files, as one search over all of them would give.
             if self.pair.forked:
-                here, there = self.pair.both("find", (0, parts[0], wanted, taken), (1, parts[1], wanted, taken))
+                here, there = self.pair.both("find", (0, parts[0], search, taken), (1, parts[1], search, taken))
                 hits = here + there
             else:
-                hits = self._find_side(0, parts[0], wanted, taken) + self._find_side(1, parts[1], wanted, taken)
-            hits.sort(key=position.__getitem__)
+                hits = self._find_side(0, parts[0], search, taken) + self._find_side(1, parts[1], search, taken)
+            hits = sorted(set(hits) | {key for keys in imported.values() for key in keys if key not in taken},
+                          key=position.__getitem__)
             fresh = [key for key in hits if key not in self.kept]
             analysed, _ = self.pair.map("analyse", fresh, [stats[key].st_size if stats[key] else 0 for key in fresh])
             found = list(zip(fresh, analysed)) + [(key, None) for key in hits if key in self.kept]
@@ -280,6 +285,25 @@ class Scan:
                 break  # the call graph just built is the tree's: all it wants was searched for
         if self.cache is not None:
             self.cache.set_extra(EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
+
+    def _imported(self, wanted, stats: dict) -> dict[str, list[str]]:
+        """For each ("define", class) of `wanted`, the files not analysed that define it in a module the
+        code imports it from (("imported", class, module) entries); classes without one are left out."""
+        modules: dict[str, set[str]] = {}
+        for entry in wanted:
+            if entry[0] == "imported":
+                modules.setdefault(entry[2], set()).add(entry[1])
+        if not modules:
+            return {}
+        paths = {Path(key): key for key in stats}
+        found: dict[str, list[str]] = {}
+        for module, names in modules.items():
+            for path in module_files([module], paths):
+                key = paths[path]
+                for name in names:
+                    if ("define", name) in wanted and defines_class(self._bytes(key), name):
+                        found.setdefault(name, []).append(key)
+        return found
 
     def _parts(self) -> tuple[list[str], list[str]]:
         """The files no rule needed, split by the side of the pair that holds their bytes; files read by

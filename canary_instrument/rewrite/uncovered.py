@@ -56,7 +56,8 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     plain function or, named by its class, a constructor, ("subclass", class) for the classes
     whose subclasses inherit calls on `self`, and ("define", class) for a class that types a
     receiver on such a path but whose file was not analysed (so the call resolves by its class,
-    not by naming)."""
+    not by naming), with ("imported", class, module) for where the code imports it from (a file
+    that holds its definition there spares the search of the tree for it)."""
     kv = kv_reaching(graph)
     depth: dict[DefKey, int] = {}
     queue: deque[DefKey] = deque()
@@ -73,6 +74,7 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     via = exposed(graph)
     wanted: set[tuple] = set()
     graph.missing = set()
+    graph.missing_from = set()
     for key in depth:
         for edge in graph.defs[key].edges:
             graph.resolve(key, edge.target, edge.call)
@@ -92,6 +94,7 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
                 graph.resolve(key, edge.target, edge.call)
     graph.bases_wanted = False
     wanted.update(("define", name) for name in graph.missing)
+    wanted.update(("imported", name, module) for name, module in graph.missing_from)
     graph.missing = None
     for key, hops in depth.items():
         fn = graph.defs[key]

@@ -41,6 +41,7 @@ class CallGraph:
         # tree even when its file was not analysed; one through none (`torch.`, `typing.`) is outside it.
         self.packages = {part for parts in self.modules for part in parts[:-1]}
         self.missing: set[str] | None = None  # when a set: unanalysed classes of the tree that typed a receiver
+        self.missing_from: set[tuple[str, str]] = set()  # with `missing`: (class, the module the code imports it from)
         self.bases_wanted = False  # with `missing`: also the unanalysed bases of a class whose attribute is unknown
         for index, (_, facts) in enumerate(files):
             for cls in facts.classes:
@@ -260,7 +261,9 @@ class CallGraph:
     def _qualified(self, qualified: str, fields: bool) -> list[ClassKey]:
         found = self.classes_of(qualified)
         if not found and fields and self.missing is not None and not self.packages.isdisjoint(qualified.split(".")[:-1]):
-            self.missing.add(qualified.rpartition(".")[2])  # a class of this tree whose file was not analysed
+            module, _, name = qualified.rpartition(".")
+            self.missing.add(name)  # a class of this tree whose file was not analysed
+            self.missing_from.add((name, module))
         return found
 
     def instances(self, types, name: str, cls: ClassKey | None, caller: DefKey | None = None,

@@ -300,7 +300,7 @@ class CallerSearch:
                 owners.setdefault(entry[1], set()).add(entry[2])
             elif entry[0] == "subclass":
                 bases.add(entry[1])
-            else:
+            elif entry[0] == "define":
                 defined.add(entry[1])
         words = sorted(owners.keys() | bases | defined)
 
@@ -342,6 +342,18 @@ def _identifier_byte(data: bytes, index: int) -> bool:
 def _in_class_bases(data: bytes, position: int) -> bool:
     """Whether data[position:] stands in the bases of a class statement (`class X(Base, ...)`)."""
     return _CLASS_HEAD.match(data, _line_start(data, position), position) is not None
+
+
+def defines_class(data: bytes, name: str) -> bool:
+    """Whether the file's bytes hold a class statement for `name`."""
+    needle = name.encode()
+    position = data.find(needle)
+    while position >= 0:
+        end = position + len(needle)
+        if not _identifier_byte(data, end) and _defines_class(data, position):
+            return True
+        position = data.find(needle, end)
+    return False
 
 
 def _defines_class(data: bytes, position: int) -> bool:
