@@ -18,7 +18,6 @@ from canary_instrument.rewrite.analysis.callgraph import CallGraph
 from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
-from canary_instrument.rewrite.analysis.modules import module_files
 from canary_instrument.rewrite.io.parallel import Pair
 from canary_instrument.rewrite.analysis.placement import Placement
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter, defines_class
@@ -91,6 +90,7 @@ class Scan:
         size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
         self.pair = Pair({
             "examine": lambda i: self.examine(*files[i]), "find": self._find_side, "analyse": self._analyse_found,
+            "handed": lambda key: self.analyse(Path(key), self.data.get(key), SITES | REACH),
         }, size)
         outcomes, sides = self.pair.map("examine", todo, weights)
         for i, outcome, side in zip(todo, outcomes, sides):
@@ -105,12 +105,13 @@ class Scan:
         are, they hold its after-capture hooks."""
         handed = set().union(*(r.handed for r in self.reports.values() if r is not None))
         while handed:
-            others = {Path(key): key for key, _ in self.others}
-            found = [others[path] for path in module_files(handed, others)]
+            found = ModuleIndex([key for key, _ in self.others]).files(handed)
             handed = set()
-            self.others = [(key, st) for key, st in self.others if key not in found]
-            for key in found:
-                report = self.analyse(Path(key), self.data.get(key), SITES | REACH)
+            sizes = {key: st.st_size if st is not None else 0 for key, st in self.others}
+            taken = set(found)
+            self.others = [(key, st) for key, st in self.others if key not in taken]
+            reports, _ = self.pair.map("handed", found, [sizes[key] for key in found])  # on both sides
+            for key, report in zip(found, reports):
                 self.needs[key] = SITES | REACH
                 if isinstance(report, SourceError):
                     self.errors.append(report)
@@ -295,11 +296,10 @@ class Scan:
                 modules.setdefault(entry[2], set()).add(entry[1])
         if not modules:
             return {}
-        paths = {Path(key): key for key in stats}
+        index = ModuleIndex(list(stats))
         found: dict[str, list[str]] = {}
         for module, names in modules.items():
-            for path in module_files([module], paths):
-                key = paths[path]
+            for key in index.files([module]):
                 for name in names:
                     if ("define", name) in wanted and defines_class(self._bytes(key), name):
                         found.setdefault(name, []).append(key)
@@ -343,6 +343,36 @@ class Scan:
         """The call-graph report of a file the caller search found (its bytes read again where this
         side does not hold them)."""
         return self.analyse(Path(key), self.data.get(key), REACH)
+
+
+class ModuleIndex:
+    """The files of a list of path strings by the modules they define, as `modules.module_files` finds
+    them (`a.b.c`: `.../a/b/c.py` or `.../a/b/c/__init__.py`), without a Path per file: indexed by
+    file name, only the few files of that name are compared."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.by_name: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            self.by_name.setdefault(os.path.basename(key), []).append(index)
+
+    def files(self, modules) -> list[str]:
+        """The files defining one of `modules`, in the order of the keys."""
+        found: set[int] = set()
+        for module in modules:
+            parts = [p for p in module.split(".") if p]
+            if not parts:
+                continue
+            path = "/" + "/".join(parts)
+            for name, suffix in ((parts[-1] + ".py", path + ".py"), ("__init__.py", path + "/__init__.py")):
+                for index in self.by_name.get(name, ()):
+                    if ("/" + _posix(self.keys[index])).endswith(suffix):
+                        found.add(index)
+        return [self.keys[index] for index in sorted(found)]
+
+
+def _posix(key: str) -> str:
+    return key if os.sep == "/" else Path(key).as_posix()
 
 
 def _read(path: str, size: int) -> bytes:
