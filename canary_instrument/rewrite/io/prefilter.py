@@ -276,8 +276,9 @@ class CallerSearch:
     on a receiver whose name fits the function's class, as a plain name for a function or a
     constructor, or that subclass one of those classes (a subclass inherits the calls on `self`).
 
-    The files are searched as one buffer, one `bytes.find` pass per distinct name (the cost that
-    matters on a tree of thousands of files); each hit is then judged where it stands.
+    The files are searched as one buffer, one `bytes.find` pass per needle (the cost that matters on a
+    tree of thousands of files): a name, or a part several class names share; each hit is then
+    judged where it stands.
     """
 
     def __init__(self, datas: list[bytes]) -> None:
@@ -304,32 +305,94 @@ class CallerSearch:
                 defined.add(entry[1])
         words = sorted(owners.keys() | bases | defined)
 
-        def files_using(word: str) -> set[int]:
-            return self._files_using(word, owners.get(word, set()), word in bases, word in defined)
+        def files_using(group: tuple[str, list[str]]) -> set[int]:
+            return self._files_using(group[0], group[1], owners, bases, defined)
 
-        # One pass over the whole tree per word: the words share the two cores (parallel.map_two).
+        # One pass over the whole tree per needle (a word, or a part that several class names share,
+        # `_needles`): the needles share the two cores (parallel.map_two).
+        groups = _needles(words)
         found: set[int] = set()
-        for hits in map_two(files_using, words, [len(self._big) if two_cores else 0] * len(words)):
+        for hits in map_two(files_using, groups, [len(self._big) if two_cores else 0] * len(groups)):
             found |= hits
         return found
 
-    def _files_using(self, word: str, classes: set[str | None], base: bool, defined: bool) -> set[int]:
+    def _files_using(self, needle: str, words: list[str], owners: dict, bases: set[str], defined: set[str]) -> set[int]:
+        """The files where one of `words` (each holding `needle`) stands as a use to judge."""
         big = self._big
-        needle = word.encode()
+        raw = needle.encode()
+        # Where each word holds the needle: a hit of the needle at p may be the word at p - offset.
+        spans = [(word.encode(), offset, owners.get(word, ()), word in bases, word in defined)
+                 for word in words for offset in _offsets(word, needle)]
         found: set[int] = set()
-        position = big.find(needle)
+        position = big.find(raw)
         while position >= 0:
-            end = position + len(needle)
-            if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
-                index = bisect_right(self._starts, position) - 1
-                if index not in found and (
-                    (base and _in_class_bases(big, position))
-                    or (defined and _defines_class(big, position))
-                    or (classes and _a_call_of(big, position, end, classes))
-                ):
-                    found.add(index)
-            position = big.find(needle, end)
+            for word, offset, classes, base, define in spans:
+                start = position - offset
+                if start < 0 or not big.startswith(word, start):
+                    continue
+                end = start + len(word)
+                if not _identifier_byte(big, start - 1) and not _identifier_byte(big, end):
+                    index = bisect_right(self._starts, start) - 1
+                    if index not in found and (
+                        (base and _in_class_bases(big, start))
+                        or (define and _defines_class(big, start))
+                        or (classes and _a_call_of(big, start, end, classes))
+                    ):
+                        found.add(index)
+            position = big.find(raw, position + 1)
         return found
+
+
+# A part of a class name shared by several wanted names is searched for once for all of them: class
+# names are CamelCase words, and a part such as `Runner` stands rarely enough in code that judging each
+# of its hits costs less than a pass over the tree per name. Lower-case names (methods) are searched
+# for apart: a shared part such as `forward_` stands too often.
+_SHARED_PART = 6
+
+
+def _needles(words: list[str]) -> list[tuple[str, list[str]]]:
+    """(needle, the words holding it) to search for, every word in exactly one group."""
+    groups: list[tuple[str, list[str]]] = [(word, [word]) for word in words]
+    merged = True
+    while merged:
+        merged = False
+        for i, (first, members) in enumerate(groups):
+            for j in range(i + 1, len(groups)):
+                second, others = groups[j]
+                common = _shared_part(first, second)
+                if common is not None:
+                    groups[i] = (common, members + others)
+                    del groups[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return groups
+
+
+def _shared_part(first: str, second: str) -> str | None:
+    """The longest CamelCase part (an upper-case letter, then at least `_SHARED_PART` characters in all)
+    that both names hold, or None."""
+    best = None
+    for start, char in enumerate(first):
+        if not char.isupper():
+            continue
+        end = start + _SHARED_PART
+        while end <= len(first) and first[start:end] in second:
+            if best is None or end - start > len(best):
+                best = first[start:end]
+            end += 1
+    return best
+
+
+def _offsets(word: str, needle: str) -> list[int]:
+    """Every position of `needle` in `word`."""
+    out = []
+    at = word.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = word.find(needle, at + 1)
+    return out
 
 
 def _identifier_byte(data: bytes, index: int) -> bool:
