@@ -5,7 +5,7 @@ falls on all alike. Bytecode caches are written (a first untimed run per tree an
 Markdown table: wall and CPU (both processes) min and median per release and tree, and which trees print what the reference
 tree prints.
 
-    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7
+    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 [--ast-grep]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,12 +36,25 @@ def run(tree: str, srt: Path) -> tuple[float, float, bytes, int]:
     return wall, cpu, done.stdout, done.returncode
 
 
+def ast_grep(srt: Path) -> tuple[float, float]:
+    """(wall, CPU) of ast-grep over the same tree (the reference of issue 22's bar)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([shutil.which("ast-grep") or str(Path(sys.executable).with_name("ast-grep")), "run", "-p", "contextlib.nullcontext()", "-l", "python",
+                    str(srt)], capture_output=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH")
     parser.add_argument("--sglang", action="append", required=True, metavar="VERSION")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reference", help="the tree whose output (stdout, exit code) the others are compared with")
+    parser.add_argument("--ast-grep", action="store_true",
+                        help="also run `ast-grep run -p 'contextlib.nullcontext()' -l python SRT` in each round")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     cache = Path.home() / ".cache" / "canary-instrument" / "sglang"
@@ -58,15 +72,25 @@ def main() -> None:
                 wall, cpu, _, _ = run(tree, srt)
                 samples.setdefault((version, name), []).append(wall)
                 cpus.setdefault((version, name), []).append(cpu)
+            if args.ast_grep:
+                wall, cpu = ast_grep(srt)
+                samples.setdefault((version, "ast-grep"), []).append(wall)
+                cpus.setdefault((version, "ast-grep"), []).append(cpu)
     print(f"rounds: {args.rounds}, bytecode caching on; seconds, min / median; load average before: {load}\n")
     reference = args.reference or next(iter(trees))
-    print("| release | " + " | ".join(f"{n} wall | {n} CPU" for n in trees) + f" | output as {reference}'s |")
-    print("|---" * (2 * len(trees) + 2) + "|")
+    shown = [*trees, "ast-grep"] if args.ast_grep else list(trees)
+    print("| release | " + " | ".join(f"{n} wall | {n} CPU" for n in shown) + f" | output as {reference}'s |")
+    print("|---" * (2 * len(shown) + 2) + "|")
     for version in args.sglang:
         cells = [f"{min(table[version, n]):.3f} / {statistics.median(table[version, n]):.3f}"
-                 for n in trees for table in (samples, cpus)]
+                 for n in shown for table in (samples, cpus)]
         same = [n for n in trees if n != reference and outputs[version, n] == outputs[version, reference]]
         print(f"| {version} | " + " | ".join(cells) + f" | {', '.join(same) or 'none'} |")
+    if args.ast_grep:
+        print("\nmedian wall / ast-grep's median wall (issue 22's bar: at most 0.25):\n")
+        for version in args.sglang:
+            bar = statistics.median(samples[version, "ast-grep"])
+            print(f"- {version}: " + ", ".join(f"{n} {statistics.median(samples[version, n]) / bar:.2f}" for n in trees))
 
 
 if __name__ == "__main__":
