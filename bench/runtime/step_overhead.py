@@ -80,6 +80,7 @@ class Clock:
         self.replays: collections.Counter = collections.Counter()  # CUDA-graph replays per graph runner
         self.profiling = False
         self.absorb = None  # called before each timed site exit (see _Timed.__exit__)
+        self.parts: collections.Counter = collections.Counter()  # the sites' host seconds by part (see _add)
 
     def reset(self):
         self.sites = self.sample = self.bracket = 0.0
@@ -87,6 +88,14 @@ class Clock:
         self.eager_forwards = 0
         self.call = []
         self.replays.clear()
+        self.parts.clear()
+
+
+def _add(part: str, seconds: float) -> None:
+    """Count ``seconds`` of the sites' host time, and under ``part`` (which class's site, entry or exit, or
+    which allocator note) for the breakdown."""
+    CLOCK.sites += seconds
+    CLOCK.parts[part] += seconds
 
 
 CLOCK = Clock()
@@ -107,10 +116,11 @@ class _Null:
 class _Timed:
     """A wired site's context, with its entry and exit timed."""
 
-    __slots__ = ("_cm",)
+    __slots__ = ("_cm", "_part")
 
-    def __init__(self, cm):
+    def __init__(self, cm, part):
         self._cm = cm
+        self._part = part
 
     def __enter__(self):
         if CLOCK.absorb is not None:
@@ -118,7 +128,7 @@ class _Timed:
         with _marker("canary.sites"):
             t0 = time.perf_counter()
             value = self._cm.__enter__()
-            CLOCK.sites += time.perf_counter() - t0
+            _add(self._part + " enter", time.perf_counter() - t0)
         return value
 
     def __exit__(self, *exc):
@@ -129,7 +139,7 @@ class _Timed:
         with _marker("canary.sites"):
             t0 = time.perf_counter()
             out = self._cm.__exit__(*exc)
-            CLOCK.sites += time.perf_counter() - t0
+            _add(self._part + " exit", time.perf_counter() - t0)
         # Calibration, untimed for the canary: what one empty Python call costs here, at the same point
         # of the step (the host's caches as the engine's own work left them).
         t0 = time.perf_counter()
@@ -160,12 +170,12 @@ def _time_sites(module) -> int:
             if member is None or getattr(member, "_timed", False):
                 continue
 
-            def canary_ctx(self, *args, _member=member, **kwargs):
+            def canary_ctx(self, *args, _member=member, _part=cls.__name__, **kwargs):
                 with _marker("canary.sites"):
                     t0 = time.perf_counter()
                     cm = _member(self, *args, **kwargs)
-                    CLOCK.sites += time.perf_counter() - t0
-                return _Timed(cm)
+                    _add(_part + " make", time.perf_counter() - t0)
+                return _Timed(cm, _part)
 
             canary_ctx._timed = True
             cls.canary_ctx = canary_ctx
@@ -198,11 +208,11 @@ def _time_allocator_notes() -> None:
         if getattr(note, "_timed", False):
             continue
 
-        def timed(self, *args, _note=note, **kwargs):
+        def timed(self, *args, _note=note, _part=name, **kwargs):
             with _marker("canary.sites"):
                 t0 = time.perf_counter()
                 out = _note(self, *args, **kwargs)
-                CLOCK.sites += time.perf_counter() - t0
+                _add(_part, time.perf_counter() - t0)
             return out
 
         timed._timed = True
@@ -340,7 +350,8 @@ class Case:
     def step(self) -> tuple[float, float, float, int, float]:
         """One decode step; the host seconds of the wired sites, the sampler wrap and the bracket, the
         eager bracketed forwards it ran (canary on only; 0 when every forward replayed a graph), and the
-        cost of one empty Python call after the site exits (calibration)."""
+        cost of one empty Python call after the site exits (calibration). ``CLOCK.parts`` keeps the
+        sites' seconds by part."""
         CLOCK.reset()
         batch = self.engine.step()
         if batch is None or not batch.forward_mode.is_decode() or len(self.engine.scheduler.running) != len(batch.reqs):
@@ -407,8 +418,11 @@ def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True
         for _ in range(warmup):
             case.step()
         sites, sample, bracket, eager, call = [], [], [], 0, []
+        parts = collections.defaultdict(list)
         for _ in range(steps):
             a, b, c, d, e = case.step()
+            for part, seconds in CLOCK.parts.items():
+                parts[part].append(seconds)
             sites.append(a)
             sample.append(b)
             bracket.append(c)
@@ -417,6 +431,12 @@ def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True
         key = "on" if canary else "off"
         row[f"{key}_sites_us"] = us(sites)
         row[f"{key}_python_call_us"] = round(statistics.median(call) * 1e6, 3)
+        # Per step, mean and median (a part that some steps skip, such as a note, counts 0 there).
+        row[f"{key}_parts_us"] = {
+            part: {"mean": round(sum(xs) / steps * 1e6, 2),
+                   "median": round(statistics.median(xs + [0.0] * (steps - len(xs))) * 1e6, 2)}
+            for part, xs in sorted(parts.items())
+        }
         if canary:
             # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
             row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)

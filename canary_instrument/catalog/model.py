@@ -10,6 +10,12 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
+# The catalog package re-exports these (catalog/__init__.py), with the loader's entry points.
+__all__ = [
+    "EVIDENCE", "RUNTIME_EXPORTS", "Catalog", "CatalogError", "Hook", "KvForward", "Location", "Manager",
+    "ModelRunnerShape", "Site", "Trigger", "call_matches", "path_matches",
+]
+
 EMPTY_OK = {"empty": True}  # field metadata: the list may be given empty
 
 # What the runtime module exports (docs/architecture.md, "The wiring contract").

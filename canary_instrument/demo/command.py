@@ -2,14 +2,17 @@
 
 Copies the pristine engine, runs scaffold / check / apply / check on it as a user would,
 runs clean workloads and one fault-injection trial per (layout, EAGLE on/off, fault),
-and prints what the canary caught, how fast, and what it costs. Exit 0 when every fault
-was caught and no clean step reported anything.
+and prints what the canary caught, how fast, and what it costs; then HiCache's host tier
+with and without the runtime's sidecar (demo/hicache.py) and, on CUDA, the stream race that
+timing jitter reveals (demo/jitter_race.py). Exit 0 when every fault was caught, no clean
+step reported anything and, where it ran, the race showed only with jitter.
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
+import textwrap
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -26,8 +29,9 @@ REASON_ORDER = [name for _, name in sorted(REASON_NAMES.items())]  # reason-bit 
 @click.command(
     "demo",
     help="Instrument a copy of the bundled reference engine (scaffold, check, apply), run it clean and "
-    "under every fault class on MHA, MLA and SWA pools with and without EAGLE, and print what the "
-    "canary caught and what it cost.",
+    "under every fault class on MHA, MLA and SWA pools with and without EAGLE (HiCache's host tier with and "
+    "without the canary's sidecar; on CUDA, a stream race with and without timing jitter), and print what "
+    "the canary caught and what it cost.",
 )
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(LAYOUT_CHOICES),
               help="Pool layouts to run (repeatable; default: all three).")
@@ -98,10 +102,23 @@ def _run(root: Path, layouts, trials: int, clean_steps: int, seed: int, no_overh
                 results[(variant, fault.name)].append(bench.run_trial(fault, seed * 1000 + trial))
 
     _print_clean(cleans)
-    _print_matrix(variants, results)
+    swa_refusal = None
+    if any(f.refused(v.layout, v.eagle) for v in variants for f in FAULTS.values()):
+        from canary_instrument.demo.hicache import swa_refusal as refusal
+
+        swa_refusal = refusal(module, matrix.ENGINE_DEFAULTS)
+    _print_matrix(variants, results, swa_refusal)
+    hicache_runs = _run_hicache(benches, variants, clean_steps, seed)
+    _print_hicache(hicache_runs, swa_refusal)
+    jitter_runs = _run_and_print_jitter(module)
     if not no_overhead:
         _print_overhead(module, layouts)
-    return _summary(cleans, results)
+    ok = _summary(cleans, results, hicache_runs)
+    if jitter_runs is not None:
+        from canary_instrument.demo.jitter_race import as_expected
+
+        ok = ok and as_expected(jitter_runs)
+    return ok
 
 
 def _print_diff(command: str, diffs, what: str):
@@ -138,7 +155,7 @@ def _cell(trials) -> str:
     return click.style(f"{count}{when} {reason}", fg="green")
 
 
-def _print_matrix(variants, results):
+def _print_matrix(variants, results, swa_refusal=None):
     click.secho("\n3. Fault matrix: steps from the corruption to its report, with the reason "
                 "(+ = other trials saw another expected reason)", bold=True)
     click.echo("   Most faults are the runtime's own self-test perturbations (kv_canary_perturb), armed once. One made\n"
@@ -146,16 +163,24 @@ def _print_matrix(variants, results):
                "   next read (+1 or later); a bit flipped in an idle cached prefix, by the idle-cache sweep (every 2 steps).\n"
                "   A draft offset is caught when the draft's rows are next compared with the target's (+1 or later).\n"
                "   A wrong input token for a decode riding in a mixed batch runs on an engine with mixed chunks and the\n"
-               "   token oracle (SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1): only the oracle's input check sees it.")
+               "   token oracle (SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1): only the oracle's input check sees it.\n"
+               "   The HiCache faults run on an engine whose prefix cache keeps KV in a host pool too (section 4), and\n"
+               "   are counted from the load that brings the corruption back to the device.")
     width = 16
     click.echo("   " + f"{'fault':<34}" + "".join(f"{v.label:<{width}}" for v in variants))
     for fault in FAULTS.values():
         cells = []
         for v in variants:
             trials = results.get((v, fault.name))
-            text = _cell(trials) if trials else click.style("n/a", dim=True)
+            if fault.refused(v.layout, v.eagle):
+                text = click.style("refused", fg="yellow")
+            else:
+                text = _cell(trials) if trials else click.style("n/a", dim=True)
             cells.append(text + " " * max(1, width - len(click.unstyle(text))))
         click.echo("   " + f"{fault.title:<34}" + "".join(cells))
+    if swa_refusal is not None:
+        click.echo(textwrap.fill(f"refused: the runtime refuses HiCache of an SWA pool at attach ({swa_refusal}).",
+                                 width=110, initial_indent="   ", subsequent_indent="     "))
     example = next((t for ts in results.values() for t in ts if t.caught), None)
     if example is not None:
         click.echo(f"\n   For example ({example.variant.label}, {FAULTS[example.fault].title}):")
@@ -163,10 +188,88 @@ def _print_matrix(variants, results):
         click.echo(f"     reported: {example.example.format()}")
 
 
+def _run_hicache(benches, variants, clean_steps: int, seed: int) -> list:
+    from canary_instrument.demo import hicache
+
+    faults = [f for f in FAULTS.values() if f.hicache_kind is not None]
+    runs = []
+    for variant in variants:
+        if faults and faults[0].applies(variant.layout, variant.eagle):
+            runs.append(hicache.run_layout(benches[variant].bench_for(faults[0]), faults,
+                                           hicache.clean_steps(clean_steps), seed))
+    return runs
+
+
+def _print_hicache(runs, swa_refusal):
+    if not runs and swa_refusal is None:
+        return
+    click.secho("\n4. HiCache: canary rows through the host tier, with the runtime's sidecar and without it", bold=True)
+    if runs:
+        pools = ", ".join(sorted({r.host_pool for r in runs}))
+        click.echo(textwrap.fill(
+            "The engine's prefix cache backs its KV up to a host pool and loads it back on a prefix hit, here with "
+            "a user returning to an evicted conversation every few steps; the runtime found the host pool by "
+            f"structure ({pools}) and copies the canary rows beside it.",
+            width=110, initial_indent="   ", subsequent_indent="   "))
+        click.echo(f"   {'layout':<6} {'sidecar':<8} {'steps':>5} {'loaded back':>11} {'violations':>10}")
+        for run in runs:
+            for label, clean in (("on", run.with_sidecar), ("off", run.without_sidecar)):
+                color = "green" if (label == "on") == (not clean.violations) else "red"
+                click.echo(f"   {run.layout:<6} {label:<8} {clean.steps:>5} {run.loaded_back:>11} "
+                           + click.style(f"{len(clean.violations):>10}", fg=color))
+        click.echo("   Without the sidecar every load-back reads rows of the slots' earlier holders. The matrix's HiCache\n"
+                   "   faults without the sidecar, each against the same steps without the fault:")
+        for name in runs[0].controls:
+            cells = []
+            for run in runs:
+                control = run.controls[name]
+                if control.injection is None:
+                    text = click.style("not injected", fg="red")
+                elif control.missed:
+                    text = click.style(f"missed ({len(control.at_fault)} reported = without the fault)", fg="green")
+                else:
+                    text = click.style(f"reported {len(control.at_fault)}, without the fault "
+                                       f"{len(control.at_same_step_clean)}", fg="yellow")
+                cells.append(f"{run.layout}: {text}")
+            click.echo(f"   {FAULTS[name].title:<34}" + "   ".join(cells))
+    if swa_refusal is not None:
+        click.echo("   swa: refused at attach (the matrix's note); the engine has no host tier for a window pool either.")
+
+
+def _run_and_print_jitter(module):
+    """The jitter race (demo/jitter_race.py) on an MHA engine: its three runs, or None where it cannot run."""
+    from canary_instrument.demo import jitter_race
+
+    click.secho("\n5. Timing jitter: a KV write on a side stream that the forward never waits for", bold=True)
+    reason = jitter_race.unavailable()
+    if reason is not None:
+        click.echo(textwrap.fill(
+            f"not run: {reason}. On a CUDA machine this section runs the race with jitter off, on "
+            f"(SGLANG_KV_CANARY_JITTER_POINTS={jitter_race.JITTER_POINTS}, up to {jitter_race.JITTER_US // 1000} ms) "
+            "and on with the stream wait restored.", width=110, initial_indent="   ", subsequent_indent="   "))
+        return None
+
+    def make(args):
+        engine = module.Engine(**args)
+        return engine, engine.model_runner.canary_manager
+
+    runs = jitter_race.run_all(make)
+    click.echo(f"   mha engine, {len(jitter_race.PROMPTS)} requests x {jitter_race.STEPS} new tokens, real-KV "
+               "fingerprints of every layer, eager decode:")
+    labels = ("jitter off", f"jitter at {jitter_race.JITTER_POINTS}, up to {jitter_race.JITTER_US // 1000} ms",
+              "the same jitter, stream wait restored")
+    for label, run, expect in zip(labels, runs, (False, True, False)):
+        reasons = ", ".join(sorted(run.reasons)) or "-"
+        color = "green" if bool(run.violations) == expect else "red"
+        click.echo(f"   {label:<42}" + click.style(f"{len(run.violations):>6} violations", fg=color)
+                   + f"  ({reasons})")
+    return runs
+
+
 def _print_overhead(module, layouts):
     from canary_instrument.demo.overhead import committed_gpu_overhead, measure_overhead
 
-    click.secho("\n4. Canary overhead: median decode step, canary off vs on (log, real-KV partial)", bold=True)
+    click.secho("\n6. Canary overhead: median decode step, canary off vs on (log, real-KV partial)", bold=True)
     devices = set()
     for layout in layouts:
         o = measure_overhead(module, layout)
@@ -190,11 +293,13 @@ def _print_overhead(module, layouts):
         click.echo(f"     {line}")
 
 
-def _summary(cleans, results) -> bool:
+def _summary(cleans, results, hicache_runs=()) -> bool:
     trials = [t for ts in results.values() for t in ts]
     caught = sum(t.caught for t in trials)
-    false_alarms = sum(len(c.violations) for c in cleans.values()) + sum(len(t.false_alarms) for t in trials)
-    clean_steps = sum(c.steps for c in cleans.values())
+    with_sidecar = [r.with_sidecar for r in hicache_runs]
+    false_alarms = (sum(len(c.violations) for c in (*cleans.values(), *with_sidecar))
+                    + sum(len(t.false_alarms) for t in trials))
+    clean_steps = sum(c.steps for c in (*cleans.values(), *with_sidecar))
     ok = caught == len(trials) and false_alarms == 0
     line = (f"\nResult: {caught}/{len(trials)} injected faults caught; {false_alarms} violations in "
             f"{clean_steps} clean steps and the clean steps before each injection.")

@@ -5,7 +5,8 @@ the kinds a user switches on in a deployment): the trial arms one on the target 
 canary manager at rate 1 with a limit of one injection, and the manager runs it at its hook points.
 The faults the perturbations do not model (a slot freed while in use, an EAGLE draft offset, a
 corrupted SWA mapping) are injectors of their own that wait at one debug-hook point of the engine
-(`draft_extend_batch`, `step_end`). Either way a fault that found nothing it could actually corrupt
+(`draft_extend_batch`, `step_end`). The HiCache faults are the runtime's host-tier kinds, switched on for
+the engine's host pool (`demo/hicache.py`). Either way a fault that found nothing it could actually corrupt
 (say, two requests whose next tokens are equal) waits for the next opportunity instead of counting
 a no-op as a fault. The engine source is never edited.
 """
@@ -47,14 +48,24 @@ class Fault:
     # (name, value) pairs; the bench runs such a fault on an engine of its own (matrix.EngineBench).
     engine_args: tuple = ()
     environ: tuple = ()
+    hicache_kind: Optional[str] = None  # a HiCache host-tier kind (runtime/perturb/hicache.py), on the host pool
+    max_wait: Optional[int] = None  # steps a trial waits at least for the injection and its report
 
     def applies(self, layout: str, eagle: bool) -> bool:
         return ((eagle or not self.needs_eagle) and not (eagle and self.without_eagle)
-                and (layout == "swa" or not self.needs_swa))
+                and (layout == "swa" or not self.needs_swa) and not self.refused(layout, eagle))
+
+    def refused(self, layout: str, eagle: bool) -> bool:
+        """The runtime refuses what this fault needs on such an engine (HiCache of an SWA pool)."""
+        return self.hicache_kind is not None and layout == "swa" and not eagle
 
     def arm(self, engine: Any, rng: random.Random):
         if self.perturbation is not None:
             return ArmedPerturbation(self, engine, rng)
+        if self.hicache_kind is not None:
+            from canary_instrument.demo.hicache import ArmedHiCacheFault
+
+            return ArmedHiCacheFault(self, engine, rng)
         return ArmedFault(self, engine, rng)
 
 
@@ -248,6 +259,18 @@ def mixed_decode_token(engine, rng, forward_batch=None, **_) -> Optional[tuple[s
     return f"req {riding[rows[i]].rid} position {position}: input token {old} -> {new} in a mixed batch", {ORACLE}
 
 
+# The host tier at work: a device pool a third of the matrix's, so prefixes leave the device within a few
+# steps and come back from the host on the next hit.
+HICACHE_ENGINE_ARGS = (("enable_hierarchical_cache", True), ("max_total_tokens", 256))
+
+
+def _hicache(kind: str, title: str, expected: set) -> Fault:
+    """A fault in the host tier, on an engine with HiCache; the reference engine has no host tier with EAGLE."""
+    # A flipped host copy is seen only once a prefix hit loads that slot back: that can take a while.
+    return Fault(kind, title, "host_pool", hicache_kind=kind, expected=frozenset(expected), without_eagle=True,
+                 engine_args=HICACHE_ENGINE_ARGS, max_wait=60)
+
+
 def _perturbation(name: str, title: str, kind: str, expected: set) -> Fault:
     return Fault(name, title, "manager", perturbation=kind, expected=frozenset(expected))
 
@@ -272,5 +295,7 @@ FAULTS: dict[str, Fault] = {
         Fault("mixed_decode_token", "wrong input token, mixed batch", "batch_built", mixed_decode_token,
               without_eagle=True, engine_args=(("enable_mixed_chunk", True),),
               environ=(("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", "1"),)),
+        _hicache("hicache_host_copy", "HiCache host copy corrupted", {FINGERPRINT}),
+        _hicache("hicache_load_slots", "HiCache load to wrong slots", {POSITION, LINK, FREED}),
     )
 }

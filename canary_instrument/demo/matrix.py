@@ -102,7 +102,7 @@ class EngineBench:
         self.variant = variant
         self._module, self._overrides, self._environ = engine_module, overrides, dict(environ or {})
         self._siblings: dict = {}  # (engine args, environ) of a fault -> the bench built with them
-        with _environ(self._environ):  # the canary reads its settings once, at install
+        with scoped_environ(self._environ):  # the canary reads its settings once, at install
             self.engine = engine_module.Engine(**args)
         self.managers = [m for m in (getattr(r, "canary_manager", None) for r in self.engine.model_runners) if m]
         if not self.managers:
@@ -127,9 +127,10 @@ class EngineBench:
         return self.flush()
 
     def run_trial(self, fault: Fault, seed: int, warmup: tuple[int, int] = (3, 12), max_wait: int = 24) -> TrialResult:
-        bench = self._bench_for(fault)
+        bench = self.bench_for(fault)
         if bench is not self:
             return bench.run_trial(fault, seed, warmup, max_wait)
+        max_wait = max(max_wait, fault.max_wait or 0)
         rng = random.Random(seed)
         self.reset()
         workload = Workload(self.engine, rng)
@@ -156,7 +157,11 @@ class EngineBench:
         result.injection = armed.injection
         return result
 
-    def _bench_for(self, fault: Fault) -> "EngineBench":
+    def fresh(self) -> "EngineBench":
+        """A new engine with this bench's settings (an engine whose canary state no earlier run touched)."""
+        return EngineBench(self._module, self.variant, environ=self._environ, **self._overrides)
+
+    def bench_for(self, fault: Fault) -> "EngineBench":
         """This bench, or a sibling whose engine has the settings ``fault`` needs (built once)."""
         args, environ = dict(self._overrides, **dict(fault.engine_args)), dict(self._environ, **dict(fault.environ))
         if args == self._overrides and environ == self._environ:
@@ -166,11 +171,11 @@ class EngineBench:
             self._siblings[key] = EngineBench(self._module, self.variant, environ=environ, **args)
         return self._siblings[key]
 
-    def clean_run(self, steps: int, seed: int) -> CleanResult:
+    def clean_run(self, steps: int, seed: int, workload_class=Workload) -> CleanResult:
         rng = random.Random(seed)
         self.reset()
         stats_before = _copy_stats(self.engine.scheduler.stats)
-        workload = Workload(self.engine, rng)
+        workload = workload_class(self.engine, rng)
         violations = []
         start = time.perf_counter()
         for _ in range(steps):
@@ -180,7 +185,8 @@ class EngineBench:
 
 
 @contextlib.contextmanager
-def _environ(values: dict):
+def scoped_environ(values: dict):
+    """Set environment variables for the block (the canary reads its settings once, at install)."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:

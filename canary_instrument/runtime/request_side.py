@@ -37,6 +37,10 @@ class RequestSide:
         self.freed: list = []  # device tensors of freed KV slots that did not fit state.freed (copies)
         self.offset = 0  # entries of state.freed appended since the last forward's entry
         self.pending = False
+        # Views of state.freed's first n entries by n: a step's one free (the usual case) copies into a kept
+        # view, so the note is one device op and no slicing on the host.
+        self._head_views: dict = {}
+        self._views_of: Any = None  # the buffer those views are of
         import torch
 
         self._slot_dtype = torch.int64
@@ -58,11 +62,27 @@ class RequestSide:
             return
         buffer = self.state.freed
         if buffer is not None and self.offset + n <= buffer.shape[0]:
-            buffer[self.offset : self.offset + n].copy_(free_index.reshape(-1))
+            if free_index.dim() != 1:
+                free_index = free_index.reshape(-1)
+            if self.offset:
+                buffer[self.offset : self.offset + n].copy_(free_index)
+            else:
+                self._head(buffer, n).copy_(free_index)
             self.offset += n
         else:
             self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
         self.pending = True
+
+    def _head(self, buffer: Any, n: int) -> Any:
+        """``buffer[:n]``, kept for the next free of the same size (at most ``MAX_HEAD_VIEWS`` sizes)."""
+        if buffer is not self._views_of:
+            self._head_views, self._views_of = {}, buffer
+        view = self._head_views.get(n)
+        if view is None:
+            view = buffer[:n]
+            if len(self._head_views) < MAX_HEAD_VIEWS:
+                self._head_views[n] = view
+        return view
 
     def apply(self) -> None:
         """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
@@ -159,6 +179,9 @@ def unwrap_allocators(model_runner: Any) -> None:
                 del obj.__dict__[name]
 
 
+# Free sizes whose view of the freed-slot buffer is kept (an EAGLE step frees the drafts it rejected: up to
+# the batch times the draft tokens, so a few hundred sizes in practice).
+MAX_HEAD_VIEWS = 1024
 # Entries of the freed-slot buffer per req-pool row: room for a step that frees this many slots per request
 # (rejected drafts); a larger free is marked at the next forward's entry instead.
 FREED_PER_ROW = 8

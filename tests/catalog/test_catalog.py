@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from canary_instrument.catalog import CatalogError, load_catalog
+
+CASES = Path(__file__).parent / "cases"  # the long catalogs the tests write, one file each
 
 SITES = {
     "forward": "canary_ctx",
@@ -42,16 +45,7 @@ def write(path, text):
 
 
 def test_pyproject_overlay_extends_a_role_and_overrides_the_runtime_module(tmp_path):
-    write(tmp_path / "pyproject.toml", '''
-        [tool.canary-instrument]
-        runtime_module = "sglang.srt.kv_canary.api"
-
-        [[tool.canary-instrument.sites]]
-        role = "capture"
-        extend_candidates = [
-            { path = "srt/model_executor/piecewise.py", classes = ["Piecewise*"], methods = ["capture"], manager = "graph_runner" },
-        ]
-    ''')
+    write(tmp_path / "pyproject.toml", (CASES / "pyproject_overlay_extends_capture.toml").read_text())
     (tmp_path / "src").mkdir()
     catalog = load_catalog(tmp_path / "src")  # found by searching upwards
     capture = next(s for s in catalog.sites if s.role == "capture")
@@ -62,19 +56,7 @@ def test_pyproject_overlay_extends_a_role_and_overrides_the_runtime_module(tmp_p
 
 
 def test_catalog_file_can_replace_the_bundled_catalog(tmp_path):
-    own = write(tmp_path / "own.toml", '''
-        default = false
-        [managers.runner]
-        expression = "self.mgr"
-
-        [[sites]]
-        role = "step"
-        placeholder = "canary_ctx"
-        shape = "wrap"
-        calls = ["step"]
-        wiring = "self.canary_ctx(active=0)"
-        candidates = [{ path = "engine.py", classes = ["Runner"], methods = ["run"], manager = "runner" }]
-    ''')
+    own = write(tmp_path / "own.toml", (CASES / "own_catalog_replaces_the_bundled_one.toml").read_text())
     catalog = load_catalog(tmp_path, own)
     assert [s.role for s in catalog.sites] == ["step"] and catalog.hooks == () and catalog.triggers == ()
 

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from canary_instrument.demo import engine_copy
@@ -39,6 +40,15 @@ def test_demo_instruments_runs_and_catches_every_fault(tmp_path):
     mixed_row = next(line for line in out.splitlines() if "wrong input token, mixed batch" in line)
     # The token oracle, on the step; the reference engine runs no mixed batches with EAGLE.
     assert mixed_row.split()[-3:] == ["+0", "oracle", "n/a"]
+    for title in ("HiCache host copy corrupted", "HiCache load to wrong slots"):
+        row = next(line for line in out.splitlines() if line.strip().startswith(title))
+        assert row.split()[-2:] == ["refused", "n/a"]  # the runtime refuses SWA; no host tier with EAGLE
+    assert "refused: the runtime refuses HiCache of an SWA pool at attach (kv canary: HiCache of the SWA pool" in out
+    assert "swa: refused at attach" in out
+    if torch.cuda.is_available():
+        assert "jitter off" in out and "stream wait restored" in out
+    else:
+        assert "5. Timing jitter" in out and "not run: needs CUDA streams (no CUDA device here)" in out
     assert "MISSED" not in out
     assert "Result: 28/28 injected faults caught; 0 violations" in out
     assert (keep / "refsgl/srt/model_executor/model_runner.py").read_text().count("canary_ctx") >= 2

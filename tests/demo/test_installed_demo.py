@@ -42,4 +42,6 @@ def test_demo_runs_from_a_plain_install(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Result: 26/26 injected faults caught; 0 violations" in run.stdout
+    assert "Result: 28/28 injected faults caught; 0 violations" in run.stdout
+    # The HiCache section: the runtime followed the engine's host pool, found by structure in the installed copy.
+    assert "mha    on " in run.stdout and "(MHATokenToKVPoolHost)" in run.stdout

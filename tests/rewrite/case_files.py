@@ -3,7 +3,8 @@
 A case file holds, in this order: option lines `# key: value` (`path` is the file's place in the tree;
 others, such as `note`, are for the test that reads the case), the marker `# input` and the source, then
 for each command run in turn the marker `# output: <command>` and the exact text that command leaves.
-Sections keep their bytes: no dedent, no stripping.
+A case whose tree holds several files gives each its own section, `# input: <path>` (the first is the
+case's `path` and `source`), and no `path` option. Sections keep their bytes: no dedent, no stripping.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 CASES = Path(__file__).parent / "cases"
 _OPTION = re.compile(r"# (\w+): (.+)\n")
 _OUTPUT = re.compile(r"# output: (\w+)\n")
+_INPUT = re.compile(r"# input: (\S+)\n")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Case:
     source: str
     outputs: list[tuple[str, str]]  # (command, the file's text after it), in the order they run
     options: dict[str, str]
+    files: dict[str, str]  # every input of the tree: path -> source (the case's own first)
 
 
 def names(group: str) -> list[str]:
@@ -34,30 +37,40 @@ def load(group: str, name: str) -> Case:
     file = CASES / group / f"{name}.txt"
     lines = file.read_text().splitlines(keepends=True)
     options: dict[str, str] = {}
-    sections: list[tuple[str, list[str]]] = []  # ("input" or a command, its lines)
+    inputs: list[tuple[str, list[str]]] = []  # (path, its lines)
+    outputs: list[tuple[str, list[str]]] = []  # (command, its lines)
     for number, line in enumerate(lines, 1):
         output = _OUTPUT.fullmatch(line)
-        if line == "# input\n" and not sections:
-            sections.append(("input", []))
-        elif output and sections:
-            sections.append((output.group(1), []))
-        elif sections:
-            sections[-1][1].append(line)
+        named = _INPUT.fullmatch(line)
+        if line == "# input\n" and not inputs and "path" in options:
+            inputs.append((options["path"], []))
+        elif named and not outputs and "path" not in options:
+            inputs.append((named.group(1), []))
+        elif output and inputs:
+            outputs.append((output.group(1), []))
+        elif inputs:
+            (outputs or inputs)[-1][1].append(line)
         elif option := _OPTION.fullmatch(line):
             options[option.group(1)] = option.group(2)
         else:
             raise ValueError(f"{file}:{number}: expected `# key: value` or `# input`, got {line!r}")
-    if not sections or "path" not in options:
-        raise ValueError(f"{file}: a case needs a `# path: ...` option and an `# input` section")
-    (_, source), *outputs = sections
-    return Case(name, options["path"], "".join(source), [(command, "".join(text)) for command, text in outputs],
-                options)
+    if not inputs:
+        raise ValueError(f"{file}: a case needs a `# path: ...` option and an `# input` section, "
+                         "or `# input: <path>` sections")
+    files = {path: "".join(text) for path, text in inputs}
+    path = inputs[0][0]
+    return Case(name, path, files[path], [(command, "".join(text)) for command, text in outputs], options, files)
+
+
+def files(group: str, name: str) -> dict[str, bytes]:
+    """The tree a case holds, as `Tree.write` takes it (bytes: written as they are)."""
+    return {path: text.encode() for path, text in load(group, name).files.items()}
 
 
 def run(tree, case: Case) -> None:
     """Write the input, run each command in turn and compare the file with its output, byte for byte.
     The first command must also report no error and no finding."""
-    tree.write({case.path: case.source.encode()})
+    tree.write({path: text.encode() for path, text in case.files.items()})
     for step, (command, expected) in enumerate(case.outputs):
         result = tree.run(command)
         if step == 0:

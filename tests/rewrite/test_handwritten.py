@@ -1,6 +1,8 @@
 """Before/after cases for the shapes real sglang trees use: hand-written wiring (CI106) and its migration,
 sites passed as an argument, module-level functions that receive the model runner, hooks found by shape,
-the runtime import in its isort section, and hand-wired constructs no role covers (CI107)."""
+the runtime import in its isort section, and hand-wired constructs no role covers (CI107).
+
+The inputs are case files in cases/handwritten/ (case_files.py says their form)."""
 
 from __future__ import annotations
 
@@ -46,25 +48,7 @@ def test_hand_written_forward_site_in_either_guard_order_is_ci106_and_migrates_t
 
 
 def test_capture_site_gets_the_draft_worker_guard_upstream_left_out(tree):
-    tree.write({GR: '''
-        import contextlib
-
-
-        class DecodeCudaGraphRunner:
-            def __init__(self, model_runner):
-                self.model_runner = model_runner
-
-            def capture_one_shape(self, bs, forward):
-                canary_ctx = (
-                    c.with_active_single_forward_manager(0)
-                    if (c := self.model_runner.canary_manager) is not None
-                    else contextlib.nullcontext()
-                )
-                with canary_ctx:
-                    for _ in range(2):
-                        run_once()
-                    self._capture_graph(bs, forward)
-        '''})
+    tree.write(case_files.files("handwritten", "capture_site_without_the_draft_worker_guard"))
     result = tree.run("apply")
     [change] = result.changes
     assert "+        canary_ctx = self.canary_ctx(active=0)\n" in change.diff()
@@ -73,23 +57,7 @@ def test_capture_site_gets_the_draft_worker_guard_upstream_left_out(tree):
 
 
 def test_a_placeholder_passed_as_run_ctx_is_a_dummy_run_site(tree):
-    tree.write({GR: '''
-        import contextlib
-
-
-        class BaseRunner:
-            def __init__(self, model_runner):
-                self.model_runner = model_runner
-
-            def _flashinfer_autotune(self):
-                mr = self.model_runner
-                canary_run_ctx = contextlib.nullcontext()
-
-                def forward_fn():
-                    self._dummy_run(batch_size=1, run_ctx=canary_run_ctx)
-
-                autotune(forward_fn)
-        '''})
+    tree.write(case_files.files("handwritten", "placeholder_passed_as_run_ctx"))
     assert codes(tree.run("check")) == []
     tree.run("apply")
     text = tree.read(GR)
@@ -100,23 +68,7 @@ def test_a_placeholder_passed_as_run_ctx_is_a_dummy_run_site(tree):
 
 
 def test_a_site_in_a_module_level_function_calls_canary_context_through_its_model_runner(tree):
-    tree.write({TUNE: '''
-        import functools
-
-        from sglang.srt.utils import empty_context, log_info_on_rank0
-
-
-        def maybe_autotune_extend(runner):
-            mr = runner.model_runner
-            canary_run_ctx = (
-                c.with_active_single_forward_manager(0)
-                if (c := mr.canary_manager) is not None
-                else empty_context()
-            )
-            forward_fn = functools.partial(runner._dummy_run, run_ctx=canary_run_ctx)
-            log_info_on_rank0("autotune")
-            return forward_fn()
-        '''})
+    tree.write(case_files.files("handwritten", "site_in_a_module_level_function"))
     assert codes(tree.run("check")) == ["CI106"]
     tree.run("apply")
     text = tree.read(TUNE)
@@ -132,20 +84,11 @@ def test_a_site_in_a_module_level_function_calls_canary_context_through_its_mode
 
 
 def test_init_finished_goes_at_the_end_of_a_module_level_capture_function_taking_the_model_runner(tree):
-    source = '''
-        from sglang.srt.configs import ModelImpl
-
-
-        def capture_cuda_graphs(model_runner):
-            decode = model_runner.init_decode_cuda_graph()
-            prefill = model_runner.init_prefill_cuda_graph()
-        {hook}
-            return decode, prefill
-        '''
-    tree.write({SETUP: source.format(hook="""
-            if model_runner.canary_manager is not None and not model_runner.is_draft_worker:
-                model_runner.canary_manager.mark_init_finished()
-        """)})
+    case = case_files.load("handwritten", "capture_function_taking_the_model_runner")
+    tree.write({SETUP: case.source.format(hook="""
+    if model_runner.canary_manager is not None and not model_runner.is_draft_worker:
+        model_runner.canary_manager.mark_init_finished()
+""")})
     assert codes(tree.run("check")) == ["CI106"]
     tree.run("apply")
     text = tree.read(SETUP)
@@ -160,39 +103,7 @@ def test_init_finished_goes_at_the_end_of_a_module_level_capture_function_taking
 
 
 def test_install_goes_right_after_the_pool_exists_and_an_upstream_install_import_is_replaced(tree):
-    tree.write({MR: '''
-        import logging
-
-        import torch
-
-        from sglang.srt.kv_canary.api import install_canary
-
-
-        class ModelRunner:
-            def initialize(self):
-                self.load_model()
-                self.init_device_graphs()
-
-            def alloc_memory_pool(self):  # called by the engine between load_model and graph capture
-                self.token_to_kv_pool = make_pool()
-                self.max_total_num_tokens = 8
-                self._init_post_memory_pool_components()
-
-            def _init_post_memory_pool_components(self):
-                self.init_kv_index_translator()
-
-                # After the pool exists, before graph capture.
-                self.canary_manager = install_canary(
-                    server_args=self.server_args,
-                    model_runner=self,
-                    token_oracle_manager=self._token_oracle_manager,
-                )
-
-                self.init_ngram_embedding_manager()
-
-            def forward(self, forward_batch):
-                return self._forward_raw(forward_batch)
-        '''})
+    tree.write(case_files.files("handwritten", "upstream_install_after_the_pool"))
     assert codes(tree.run("check")) == ["CI106"]
     tree.run("apply")
     text = tree.read(MR)
@@ -211,20 +122,7 @@ def test_install_goes_right_after_the_pool_exists_and_an_upstream_install_import
 
 
 def test_attach_cache_hook_goes_after_the_schedulers_tree_cache(tree):
-    tree.write({"pkg/srt/managers/scheduler.py": '''
-        import logging
-
-
-        class Scheduler:
-            def __init__(self, tp_worker):
-                self.tp_worker = tp_worker
-                self.model_runner_config = self.tp_worker.model_runner.model_config
-                self.init_cache()
-                self.init_metrics()
-
-            def init_cache(self):
-                self.tree_cache = RadixCache(self.tp_worker.model_runner.token_to_kv_pool_allocator)
-        '''})
+    tree.write(case_files.files("handwritten", "scheduler_tree_cache"))
     tree.run("apply")
     text = tree.read("pkg/srt/managers/scheduler.py")
     assert "        self.init_cache()\n        attach_radix_cache(self.tp_worker.model_runner.canary_manager, self.tree_cache)\n" in text
@@ -232,23 +130,7 @@ def test_attach_cache_hook_goes_after_the_schedulers_tree_cache(tree):
 
 
 def test_unknown_hand_wiring_is_ci107_with_a_catalog_entry_that_covers_it(tree, tmp_path):
-    source = '''
-        import contextlib
-
-
-        class PrefillRunner:
-            def __init__(self, model_runner):
-                self.model_runner = model_runner
-
-            def warm(self):
-                canary_run_ctx = (
-                    c.with_active_single_forward_manager(0)
-                    if (c := self.model_runner.canary_manager) is not None
-                    else contextlib.nullcontext()
-                )
-                self.precompile_kernels(run_ctx=canary_run_ctx)
-        '''
-    tree.write({GR: source})
+    tree.write(case_files.files("handwritten", "unknown_warm_up_wiring"))
     result = tree.run("check")
     assert codes(result) == ["CI107"]
     [finding] = [f for f in result.findings if f.code == "CI107"]

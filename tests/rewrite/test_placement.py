@@ -5,68 +5,20 @@ spelled differently: `apply` either wires every site and hook, or exits 1 naming
 place, and `check` reports the same.
 """
 
-from rewrite_trees import dedent
+import case_files
 
 RUNNER = "pkg/srt/executor/model_runner.py"  # not the catalog's model_executor/
 SETUP = "pkg/srt/executor/graph_setup/capture.py"
 WORKER = "pkg/srt/speculative/drafter.py"  # not the catalog's eagle_worker_v2.py
 SCHEDULER = "pkg/srt/managers/batch_scheduler.py"  # not the catalog's scheduler.py
 
-MODEL_RUNNER = """
-    import contextlib
-
-    from pkg.srt.executor.graph_setup.capture import capture_model_graphs
-
-
-    class ModelRunner:
-        def initialize(self):
-            self.token_to_kv_pool = make_pool()
-            capture_model_graphs(self)
-
-        def forward(self, forward_batch):
-            canary_ctx = contextlib.nullcontext()
-            with canary_ctx, recorder(forward_batch):
-                return self._forward_raw(forward_batch)
-"""
-
-GRAPH_SETUP = """
-    def capture_model_graphs(model_runner):
-        model_runner.graph_runner = make_graph_runner(model_runner)
-        model_runner.init_piecewise_graphs()
-"""
-
-SCHEDULER_SOURCE = """
-    class Scheduler:
-        def __init__(self, tp_worker):
-            self.tp_worker = tp_worker
-            self.tree_cache = build_prefix_cache(self.tp_worker.model_runner)
-            self.running = []
-"""
+# The tree every test starts from (one case file, cases/placement/): the files above, in that order.
+LAYOUT = case_files.load("placement", "draft_runner_layout_outside_the_catalogs_paths")
+MODEL_RUNNER, DRAFT_WORKER = LAYOUT.files[RUNNER], LAYOUT.files[WORKER]
 
 
 def _wired_tree(tree, worker: str) -> None:
-    tree.write({RUNNER: MODEL_RUNNER, SETUP: GRAPH_SETUP, WORKER: worker, SCHEDULER: SCHEDULER_SOURCE})
-
-
-DRAFT_WORKER = """
-    import contextlib
-
-
-    class Drafter:
-        def __init__(self, worker):
-            self.worker = worker
-            self.drafter_runner = self.worker.model_runner
-
-        def init_graphs(self):
-            self.graphs = capture_draft_graph(self.drafter_runner)
-            self.init_extend_graphs()
-
-        def _extend_prefill(self, forward_batch):
-            canary_ctx = contextlib.nullcontext()
-            with canary_ctx:
-                out = self.drafter_runner.forward(forward_batch)
-            return out
-"""
+    tree.write({**LAYOUT.files, WORKER: worker})
 
 
 def test_a_draft_runner_held_under_another_name_is_the_manager_the_wiring_reads(tree):
@@ -81,14 +33,14 @@ def test_a_draft_runner_held_under_another_name_is_the_manager_the_wiring_reads(
     assert tree.run("apply").changes == []  # idempotent: the hook in the class's spelling is recognised
     assert tree.run("check").findings == []
     tree.run("revert")
-    assert tree.read(WORKER) == dedent(DRAFT_WORKER)
+    assert tree.read(WORKER) == DRAFT_WORKER
 
 
 def test_a_draft_worker_with_two_model_runners_and_no_draft_flag_is_reported_not_guessed(tree):
     worker = DRAFT_WORKER.replace(
-        "            self.drafter_runner = self.worker.model_runner\n",
-        "            self.drafter_runner = self.worker.model_runner\n"
-        "            self.target_runner = self.target.model_runner\n",
+        "        self.drafter_runner = self.worker.model_runner\n",
+        "        self.drafter_runner = self.worker.model_runner\n"
+        "        self.target_runner = self.target.model_runner\n",
     )
     _wired_tree(tree, worker)
     result = tree.run("apply")
@@ -101,12 +53,12 @@ def test_a_draft_worker_with_two_model_runners_and_no_draft_flag_is_reported_not
 
 def test_the_draft_flag_tells_the_draft_runner_from_the_target_runner(tree):
     worker = DRAFT_WORKER.replace(
-        "            self.worker = worker\n",
-        "            self.worker = TpModelWorker(is_draft_worker=True)\n",
+        "        self.worker = worker\n",
+        "        self.worker = TpModelWorker(is_draft_worker=True)\n",
     ).replace(
-        "            self.drafter_runner = self.worker.model_runner\n",
-        "            self.drafter_runner = self.worker.model_runner\n"
-        "            self.target_runner = self.target.model_runner\n",
+        "        self.drafter_runner = self.worker.model_runner\n",
+        "        self.drafter_runner = self.worker.model_runner\n"
+        "        self.target_runner = self.target.model_runner\n",
     )
     _wired_tree(tree, worker)
     assert tree.run("apply").findings == []
@@ -127,7 +79,7 @@ def test_hooks_go_where_the_code_puts_them_whatever_the_files_are_called(tree):
 
 
 def test_a_hook_with_no_place_fails_apply_and_check_naming_the_site_that_needs_it(tree):
-    tree.write({RUNNER: MODEL_RUNNER.replace("            capture_model_graphs(self)\n", "")})
+    tree.write({RUNNER: MODEL_RUNNER.replace("        capture_model_graphs(self)\n", "")})
     assert tree.codes(tree.run("check")) == [("CI209", 11)]
     assert tree.codes(tree.run("apply", write=False)) == [("CI209", 11)]
     result = tree.run("apply")

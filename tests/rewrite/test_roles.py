@@ -1,6 +1,7 @@
 """One before/after case per site role and per tricky shape, for scaffold and apply (and revert back).
 
-The long cases live in cases/roles/, one file each (case_files.py says their form); short ones stay inline."""
+The long cases live in cases/roles/, one file each (case_files.py says their form), and the inputs of the
+tests that look at part of apply's output in cases/apply/; short ones stay inline."""
 
 from __future__ import annotations
 
@@ -92,17 +93,7 @@ def test_diff_mode_writes_nothing(tree):
 
 
 def test_apply_skips_a_site_whose_wiring_reads_a_name_the_method_lacks(tree):
-    tree.write({EW: """
-        import contextlib
-
-
-        class EAGLEWorkerV2:
-            def _draft_extend_for_prefill(self, batch):
-                canary_ctx = contextlib.nullcontext()
-                with canary_ctx:
-                    out = self.draft_runner.forward(batch)
-                return out
-        """})
+    tree.write(case_files.files("apply", "wiring_reads_a_name_the_method_lacks"))
     result = tree.run("apply")
     findings = [f for f in result.findings if f.code not in ("CI102", "CI209")]  # the rest of the layout
     assert [(f.code, f.line) for f in findings] == [("CI207", 6)]
@@ -111,21 +102,7 @@ def test_apply_skips_a_site_whose_wiring_reads_a_name_the_method_lacks(tree):
 
 
 def test_apply_keeps_a_contextlib_import_the_file_uses_outside_its_sites(tree):
-    tree.write({CG: '''
-        import contextlib
-
-
-        class CudaGraphRunner:
-            @contextlib.contextmanager
-            def patch(self):
-                yield
-
-            def _capture(self, bs, forward):
-                canary_ctx = contextlib.nullcontext()
-                with canary_ctx:
-                    out = self._capture_graph(bs, forward)
-                return out
-        '''})
+    tree.write(case_files.files("apply", "contextlib_used_outside_the_sites"))
     tree.run("apply")
     assert tree.read(CG).startswith("import contextlib\n\nfrom canary_instrument.runtime import canary_context\n")
 
@@ -147,24 +124,7 @@ def test_revert_spells_the_placeholder_as_scaffold_once_apply_removed_the_file_s
 
 def test_revert_writes_one_spelling_for_every_placeholder_of_a_file(tree):
     """Documented limitation (docs/cli.md): placeholders spelled two ways in one file come back one way."""
-    tree.write({EW: '''
-        import contextlib
-        from contextlib import nullcontext
-
-
-        class EAGLEWorkerV2:
-            def draft(self, forward_batch):
-                canary_outside_ctx = contextlib.nullcontext()
-                with canary_outside_ctx:
-                    tokens = self.cuda_graph_runner.replay(forward_batch)
-                return tokens
-
-            def _draft_extend_for_prefill(self, forward_batch):
-                canary_ctx = nullcontext()
-                with canary_ctx:
-                    logits_output = self.draft_runner.forward(forward_batch).logits_output
-                return logits_output
-        '''})
+    tree.write(case_files.files("apply", "placeholders_spelled_two_ways"))
     tree.run("apply")
     assert "contextlib" not in tree.read(EW)
     tree.run("revert")
@@ -174,18 +134,31 @@ def test_revert_writes_one_spelling_for_every_placeholder_of_a_file(tree):
 
 
 def test_apply_keeps_a_factory_import_the_module_re_exports(tree):
-    tree.write({CG: '''
-        from contextlib import nullcontext
-
-        __all__ = ["CudaGraphRunner", "nullcontext"]
-
-
-        class CudaGraphRunner:
-            def _capture(self, bs, forward):
-                canary_ctx = nullcontext()
-                with canary_ctx:
-                    out = self._capture_graph(bs, forward)
-                return out
-        '''})
+    tree.write(case_files.files("apply", "factory_import_re_exported"))
     tree.run("apply")
     assert tree.read(CG).startswith("from contextlib import nullcontext\n")
+
+
+def test_a_site_two_roles_fit_equally_well_is_ci108_and_apply_leaves_it_alone(tree):
+    """The catalog (cases/catalogs/) has two roles of one shape that would wire the site differently."""
+    catalog = case_files.CASES / "catalogs" / "two_roles_of_one_shape.toml"
+    source = ("import contextlib\n\n\nclass Runner:\n    def run(self):\n"
+              "        canary_ctx = contextlib.nullcontext()\n        with canary_ctx:\n            self.step()\n")
+    tree.write({"engine.py": source.encode()})
+
+    def found(result):
+        return [f"{f.line}:{f.col}: {f.code} {f.message}" for f in result.findings]
+
+    assert found(tree.run("check", catalog)) == [
+        "6:9: CI108 `canary_ctx` fits the catalog roles step_a, step_b equally well; make one more specific "
+        "(calls, requires, class_refs, loop) in the catalog",
+        "8:13: CI101 step_a site in Runner.run has no `canary_ctx` placeholder; run `canary-instrument scaffold`",
+        "8:13: CI101 step_b site in Runner.run has no `canary_ctx` placeholder; run `canary-instrument scaffold`",
+    ]
+    applied = tree.run("apply", catalog)
+    assert found(applied) == [
+        "6:9: CI108 `canary_ctx` fits the catalog roles step_a, step_b equally well; left alone",
+        "8:13: CI101 step_a site in Runner.run has no placeholder; run `canary-instrument scaffold` first",
+        "8:13: CI101 step_b site in Runner.run has no placeholder; run `canary-instrument scaffold` first",
+    ]
+    assert applied.changes == [] and tree.read("engine.py") == source

@@ -98,3 +98,24 @@ def test_req_row_swap_leaves_nothing_for_the_next_forward(layout, seed):
     since = int(sc.state.ring_count[0])
     reference.pre_forward(sc.state, sc.plan, sc.input_ids)
     assert records(sc.state, 2, since) == []
+
+
+def test_frees_land_in_the_freed_buffer_in_order_until_the_next_forward():
+    """Every free noted since the last forward sits in ``state.freed`` in order (2-D frees flattened); the next
+    forward's entry starts the buffer over, a new buffer (a reinstall) is written, and a free that does not fit
+    waits for the entry's marks."""
+    sc = scenario("mha", decode=True, v_half=True, seed=0)
+    side = RequestSide(sc.state)
+    sc.state.freed = torch.zeros(8, dtype=torch.int64)
+    side.on_free(torch.tensor([5, 6, 7]))
+    side.on_free(torch.tensor([[9], [10]]))
+    assert sc.state.freed.tolist() == [5, 6, 7, 9, 10, 0, 0, 0] and side.pending
+    side.apply()
+    side.on_free(torch.tensor([11, 12, 13], dtype=torch.int32))  # same size as the first: its kept view
+    assert sc.state.freed[:3].tolist() == [11, 12, 13] and not side.freed
+    sc.state.freed = torch.zeros(8, dtype=torch.int64)
+    side.apply()
+    side.on_free(torch.tensor([1, 2, 3]))
+    assert sc.state.freed[:3].tolist() == [1, 2, 3]
+    side.on_free(torch.arange(20, 26))  # 3 + 6 > 8: kept for the entry's marks
+    assert [t.tolist() for t in side.freed] == [list(range(20, 26))]

@@ -26,6 +26,10 @@ from canary_instrument.rewrite.syntax.nodes import (
 
 @dataclass
 class _HookScope:
+    """Where a hook may go: a class's methods (or the module-level functions handed one model runner)
+    and how they spell that runner. Not a `syntax.scopes` model: it is a role's search space, chosen
+    by the catalog's hook scope, not a fact of the code."""
+
     class_node: ast.ClassDef | None
     runner: str  # the model runner as the scope spells it (`self`, a parameter, `self.tp_worker.model_runner`)
     functions: list

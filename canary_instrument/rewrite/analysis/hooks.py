@@ -36,7 +36,6 @@ from canary_instrument.rewrite.analysis.hook_places import (
     place_after_assign,
     place_after_capture,
 )
-from canary_instrument.rewrite.analysis.shapes import ClassFacts
 from canary_instrument.rewrite.handwritten import HandHook, parse_hook
 from canary_instrument.rewrite.syntax.blocks import walk_blocks
 from canary_instrument.rewrite.syntax.imports import Imports
@@ -202,4 +201,4 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
     return matches
 
 
-__all__ = ["ClassFacts", "HookMatch", "PresentHook", "locate_hooks"]
+__all__ = ["HookMatch", "PresentHook", "locate_hooks"]

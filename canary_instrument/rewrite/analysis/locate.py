@@ -46,10 +46,10 @@ from canary_instrument.rewrite.syntax.nodes import (
     FUNCTIONS,
     dotted_name,
     iter_calls,
-    local_aliases,
     same_code,
     statements,
 )
+from canary_instrument.rewrite.syntax.scopes import local_aliases
 
 __all__ = [
     "MEMBER_MARKER", "FileAnalysis", "HookMatch", "Imports", "MemberInfo", "Problem", "SiteMatch",

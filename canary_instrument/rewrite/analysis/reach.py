@@ -15,7 +15,7 @@ import fnmatch
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog
-from canary_instrument.rewrite.analysis.reach_calls import SCOPE_NODES, CallFacts, FunctionScope, lookup, matchers
+from canary_instrument.rewrite.analysis.reach_calls import SCOPE_NODES, CallFacts, lookup, matchers
 from canary_instrument.rewrite.analysis.reach_records import (
     MODULE,
     ClassRecord,
@@ -28,6 +28,7 @@ from canary_instrument.rewrite.analysis.reach_records import (
 )
 from canary_instrument.rewrite.syntax.imports import bindings
 from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted
+from canary_instrument.rewrite.syntax.scopes import FunctionScope
 
 __all__ = ["MODULE", "ClassRecord", "DefFacts", "Edge", "ReachFacts", "TriggerCall", "reach_facts", "site_spans"]
 

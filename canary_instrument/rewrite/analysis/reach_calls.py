@@ -13,31 +13,9 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.analysis.reach_records import Edge, TriggerCall
 from canary_instrument.rewrite.syntax.calls import call_pattern
 from canary_instrument.rewrite.syntax.nodes import char_column, plain_dotted
+from canary_instrument.rewrite.syntax.scopes import FunctionScope
 
 SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-class FunctionScope:
-    """A function being reduced to facts."""
-
-    __slots__ = ("qualname", "cls", "line", "edges", "triggers", "kv", "types", "aliases", "nested", "refs",
-                 "batches", "parent", "returns", "returned")
-
-    def __init__(self, qualname, cls, line, parent):
-        self.qualname = qualname
-        self.cls = cls
-        self.line = line
-        self.parent = parent
-        self.edges: dict = {}
-        self.triggers: list[TriggerCall] = []
-        self.kv = False
-        self.types: dict[str, tuple] = {}  # local name -> ("q", qualified) / ("attr", a) sources
-        self.aliases: dict[str, tuple[tuple, str]] = {}  # local name -> (call target, dotted) of a bound callable
-        self.nested: dict[str, str] = {}  # nested function name -> its qualname
-        self.refs: dict = {}  # (name, site) -> line of a name read that may be a function reference
-        self.batches: set[str] = set()
-        self.returns: tuple = ()
-        self.returned: tuple | None = None
 
 
 class CallFacts:

@@ -19,7 +19,7 @@ from canary_instrument.catalog import Catalog, Manager, Site
 from canary_instrument.rewrite.analysis.shapes import ClassFacts
 from canary_instrument.rewrite.handwritten import HandWired
 from canary_instrument.rewrite.syntax.calls import matched_patterns
-from canary_instrument.rewrite.syntax.nodes import expand_alias
+from canary_instrument.rewrite.syntax.scopes import expand_alias
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Who holds a model runner, and the facts of a class the site and hook finders ask about.
+"""Who holds a model runner, and the questions about a class the site and hook finders ask (its syntax
+facts are `syntax.scopes.ClassScope`).
 
 Standard-library `ast` only (`check` uses it).
 """
@@ -10,7 +11,8 @@ import re
 from fnmatch import fnmatchcase
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
-from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, parameters, refs_and_calls, walk
+from canary_instrument.rewrite.syntax.nodes import dotted_name, parameters
+from canary_instrument.rewrite.syntax.scopes import ClassScope, built_with_flag, local_bindings
 
 
 def names_runner(name: str, shape: ModelRunnerShape) -> bool:
@@ -23,13 +25,9 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
         annotation = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else ""
         if names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
             return arg.arg
-    for node in walk(function):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = dotted_name(node.value)
-            name = node.targets[0].id
-            if value is not None and (names_runner(value.rpartition(".")[2], shape) or names_runner(name, shape)):
-                if "()" not in value and value.rpartition(".")[2] != value:
-                    return name
+    for name, value in local_bindings(function):
+        if "." in value and (names_runner(value.rpartition(".")[2], shape) or names_runner(name, shape)):
+            return name
     return None
 
 
@@ -47,36 +45,12 @@ def may_name(text: str | None, patterns) -> bool:
     return any(all(part in text for part in _fragments(pattern)) for pattern in patterns)
 
 
-class ClassFacts:
-    """What a class refers to and calls, computed once per class and only when a finder asks.
-
-    `text` (the class's source lines) lets a question about names the class never spells be answered
-    without walking it: a file's classes are asked about on every hook search, and most cannot matter.
+class ClassFacts(ClassScope):
+    """What the finders ask about a class: whether it reaches a manager's owner, holds or is a model
+    runner, answered from its syntax facts. A question about names the class's `text` never spells is
+    answered without walking it: a file's classes are asked about on every hook search, and most
+    cannot matter.
     """
-
-    def __init__(self, cls: ast.ClassDef, text: str | None = None) -> None:
-        self.node = cls
-        self.text = text
-        self.methods = {stmt.name: stmt for stmt in cls.body if isinstance(stmt, FUNCTIONS)}
-        self._refs: set[str] | None = None
-        self._calls: list[str] | None = None
-
-    @property
-    def refs(self) -> set[str]:
-        """Every dotted name the class's code reads or writes (`self.a.b`, `self.a`, `self`), nested classes aside."""
-        if self._refs is None:
-            self._collect()
-        return self._refs
-
-    @property
-    def calls(self) -> list[str]:
-        """The dotted name of every call in the class's code, nested classes aside."""
-        if self._calls is None:
-            self._collect()
-        return self._calls
-
-    def _collect(self) -> None:
-        self._refs, self._calls = refs_and_calls(self.node.body)
 
     def reaches(self, owner: str) -> bool:
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""
@@ -107,36 +81,27 @@ class ClassFacts:
     def runner_attributes(self, shape: ModelRunnerShape) -> dict[str, str]:
         """`self.NAME = VALUE` assignments of a model runner: NAME -> VALUE's dotted name (a constructor: its callee)."""
         found: dict[str, str] = {}
-        for function in self.methods.values():
-            for node in walk(function):
-                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
-                    continue
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = [dotted_name(t) for t in targets]
-                value = node.value
-                if isinstance(value, ast.Call):
-                    callee = dotted_name(value.func) or ""
-                    runner = any(fnmatchcase(callee.rpartition(".")[2], t) for t in shape.types)
-                    spelled = callee
-                else:
-                    spelled = dotted_name(value) or ""
-                    runner = "." in spelled and names_runner(spelled.rpartition(".")[2], shape)
-                for name in names:
-                    if runner and name is not None and name.count(".") == 1 and name.startswith("self."):
-                        found.setdefault(name[5:], spelled)
+        for node in self.assignments:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value
+            if isinstance(value, ast.Call):
+                spelled = dotted_name(value.func) or ""
+                runner = any(fnmatchcase(spelled.rpartition(".")[2], t) for t in shape.types)
+            else:
+                spelled = dotted_name(value) or ""
+                runner = "." in spelled and names_runner(spelled.rpartition(".")[2], shape)
+            for name in map(dotted_name, targets):
+                if runner and name is not None and name.count(".") == 1 and name.startswith("self."):
+                    found.setdefault(name[5:], spelled)
         return found
 
     def flagged_attributes(self, flag: str) -> list[list[str]]:
         """The `self.NAME` attributes (as ["self", NAME]) assigned an object constructed with `flag=True`."""
-        found = []
-        for function in self.methods.values():
-            for node in walk(function):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and any(
-                    k.arg == flag and isinstance(k.value, ast.Constant) and k.value.value is True
-                    for k in node.value.keywords
-                ):
-                    found += [name.split(".") for t in node.targets if (name := dotted_name(t)) is not None]
-        return found
+        return [
+            name.split(".") for node in self.assignments
+            if isinstance(node, ast.Assign) and built_with_flag(node.value, flag)
+            for t in node.targets if (name := dotted_name(t)) is not None
+        ]
 
     def refers_to(self, patterns) -> bool:
         if not may_name(self.text, patterns):

@@ -8,33 +8,12 @@ it one.
 Fix: `canary-instrument scaffold`
 """
 
-from __future__ import annotations
+from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER as CODE  # noqa: F401 (the row's code)
 
-from typing import TYPE_CHECKING
-
-from canary_instrument.rewrite.findings import MISSING_PLACEHOLDER, Finding
-
-if TYPE_CHECKING:
-    from canary_instrument.catalog import Catalog
-    from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.analysis.tree import ParsedFile
-
-CODE = MISSING_PLACEHOLDER
-
-
-def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
-    for match in parsed.analysis.sites:
-        if match.state == "missing":
-            report.findings.append(parsed.finding(
-                match.first, CODE,
-                f"{match.site.role} site in {match.where} has no `{match.placeholder}` placeholder; "
-                "run `canary-instrument scaffold`",
-            ))
-
-
-def apply_finding(parsed: ParsedFile, match) -> Finding:
-    """What apply reports for a site it cannot wire for want of a placeholder."""
-    return parsed.finding(
-        match.first, CODE,
-        f"{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first",
-    )
+SITES, AT = "missing", "first"
+MESSAGE = (
+    "{match.site.role} site in {match.where} has no `{match.placeholder}` placeholder; "
+    "run `canary-instrument scaffold`"
+)
+# What apply reports for a site it cannot wire for want of a placeholder.
+LEFT_ALONE = "{match.site.role} site in {match.where} has no placeholder; run `canary-instrument scaffold` first"

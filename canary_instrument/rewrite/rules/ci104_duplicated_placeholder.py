@@ -7,28 +7,17 @@ Why: One site holds one placeholder and a hook runs once: a second one would be 
 Fix: remove the extra one
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from canary_instrument.rewrite.findings import DUPLICATED_PLACEHOLDER
-
-if TYPE_CHECKING:
-    from canary_instrument.catalog import Catalog
-    from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.analysis.tree import ParsedFile
-
-CODE = DUPLICATED_PLACEHOLDER
+from canary_instrument.rewrite.findings import DUPLICATED_PLACEHOLDER as CODE
+from canary_instrument.rewrite.rules.select import Reported, together
 
 
-def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
-    analysis = parsed.analysis
-    for hook in analysis.hooks:
+def duplicated_hooks(parsed, catalog, report) -> None:
+    for hook in parsed.analysis.hooks:
         for present in hook.present[1:]:
             report.findings.append(parsed.finding(present.node, CODE, f"duplicated {hook.hook.role} hook"))
-    for problem in analysis.problems:
-        if problem.kind == "duplicated":
-            report.findings.append(parsed.finding(
-                problem.node, CODE,
-                f"duplicated placeholder `{problem.name}`: its site already has one; remove this one",
-            ))
+
+
+check = together(duplicated_hooks, Reported(
+    CODE, "problems", "duplicated",
+    message=lambda problem: f"duplicated placeholder `{problem.name}`: its site already has one; remove this one",
+).check)

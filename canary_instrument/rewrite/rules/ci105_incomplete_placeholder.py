@@ -9,51 +9,25 @@ change: apply leaves both alone.
 Fix: make it a placeholder
 """
 
-from __future__ import annotations
+from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER as CODE
+from canary_instrument.rewrite.rules.select import Reported, together
 
-from typing import TYPE_CHECKING
-
-from canary_instrument.rewrite.findings import INCOMPLETE_PLACEHOLDER, Finding
-
-if TYPE_CHECKING:
-    from canary_instrument.catalog import Catalog
-    from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.analysis.tree import ParsedFile
-
-CODE = INCOMPLETE_PLACEHOLDER
-
-
-def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
-    analysis = parsed.analysis
-    for match in analysis.sites:
-        if match.state == "other":
-            report.findings.append(parsed.finding(
-                match.anchor, CODE,
-                f"{match.site.role} site in {match.where}: `{match.placeholder}` holds neither a placeholder "
-                "nor generated wiring",
-            ))
-    for problem in analysis.problems:
-        if problem.kind == "incomplete":
-            report.findings.append(parsed.finding(problem.node, CODE, f"`{problem.name}` is used but never assigned"))
+OTHER = Reported(
+    CODE, "sites", "other", at="anchor",
+    message=lambda match: f"{match.site.role} site in {match.where}: `{match.placeholder}` holds neither a "
+    "placeholder nor generated wiring",
+    left_alone_message=lambda match: f"{match.site.role} site: `{match.placeholder}` holds code that is neither a "
+    "placeholder nor wiring; left alone (make it a placeholder to let the tool manage it)",
+)
+UNASSIGNED = Reported(
+    CODE, "problems", "incomplete",
+    message=lambda problem: f"`{problem.name}` is used but never assigned",
+    left_alone_message=lambda problem: f"`{problem.name}` is used but never assigned; add "
+    f"`{problem.name} = contextlib.nullcontext()` before it",
+)
+check = together(OTHER.check, UNASSIGNED.check)
 
 
-def left_alone(parsed: ParsedFile) -> list[Finding]:
+def left_alone(parsed) -> list:
     """What a transform reports for incomplete placeholders, which it leaves as they are."""
-    analysis = parsed.analysis
-    out = [
-        parsed.finding(
-            problem.node, CODE,
-            f"`{problem.name}` is used but never assigned; add `{problem.name} = contextlib.nullcontext()` "
-            "before it",
-        )
-        for problem in analysis.problems if problem.kind == "incomplete"
-    ]
-    out.extend(
-        parsed.finding(
-            match.anchor, CODE,
-            f"{match.site.role} site: `{match.placeholder}` holds code that is neither a placeholder nor "
-            "wiring; left alone (make it a placeholder to let the tool manage it)",
-        )
-        for match in analysis.sites if match.state == "other"
-    )
-    return out
+    return [rule.left_alone(parsed, item) for rule in (UNASSIGNED, OTHER) for item in rule.selected(parsed)]

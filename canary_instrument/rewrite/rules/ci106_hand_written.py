@@ -11,31 +11,12 @@ remove.
 Fix: `apply` (migrates it, showing the diff with `--diff`)
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from canary_instrument.rewrite.findings import HAND_WRITTEN
-
-if TYPE_CHECKING:
-    from canary_instrument.catalog import Catalog
-    from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.analysis.tree import ParsedFile
-
-CODE = HAND_WRITTEN
+from canary_instrument.rewrite.findings import HAND_WRITTEN as CODE
+from canary_instrument.rewrite.rules.select import Reported, together
 
 
-def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
-    analysis = parsed.analysis
-    for match in analysis.sites:
-        if match.state == "handwritten":
-            placeholder = match.placeholder
-            report.findings.append(parsed.finding(
-                match.anchor, CODE,
-                f"{match.site.role} site in {match.where}: `{placeholder}` holds hand-written canary wiring; "
-                f"`canary-instrument apply` migrates it to `{placeholder} = {match.wiring()}`",
-            ))
-    for hook in analysis.hooks:
+def handwritten_hooks(parsed, catalog, report) -> None:
+    for hook in parsed.analysis.hooks:
         for present in hook.present:
             if present.handwritten is not None:
                 report.findings.append(parsed.finding(
@@ -43,3 +24,10 @@ def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
                     f"{hook.hook.role} hook holds hand-written canary wiring; `canary-instrument apply` migrates "
                     f"it to `{present.migrated}`",
                 ))
+
+
+check = together(Reported(
+    CODE, "sites", "handwritten", at="anchor",
+    message=lambda match: f"{match.site.role} site in {match.where}: `{match.placeholder}` holds hand-written "
+    f"canary wiring; `canary-instrument apply` migrates it to `{match.placeholder} = {match.wiring()}`",
+).check, handwritten_hooks)

@@ -8,25 +8,10 @@ checked.
 Fix: `apply`
 """
 
-from __future__ import annotations
+from canary_instrument.rewrite.findings import UNWIRED_SITE as CODE  # noqa: F401 (the row's code)
 
-from typing import TYPE_CHECKING
-
-from canary_instrument.rewrite.findings import UNWIRED_SITE
-
-if TYPE_CHECKING:
-    from canary_instrument.catalog import Catalog
-    from canary_instrument.rewrite.report import FileReport
-    from canary_instrument.rewrite.analysis.tree import ParsedFile
-
-CODE = UNWIRED_SITE
-
-
-def check(parsed: ParsedFile, catalog: Catalog, report: FileReport) -> None:
-    for match in parsed.analysis.sites:
-        if match.state == "placeholder":  # a finding only when some site of the tree is wired
-            report.when_wired.append(parsed.finding(
-                match.anchor, CODE,
-                f"half-wired: {match.site.role} site in {match.where} still holds a placeholder while the tree "
-                "is wired; run `canary-instrument apply`",
-            ))
+SITES, INTO = "placeholder", "when_wired"  # a finding only when some site of the tree is wired
+MESSAGE = (
+    "half-wired: {match.site.role} site in {match.where} still holds a placeholder while the tree is wired; "
+    "run `canary-instrument apply`"
+)

@@ -76,25 +76,33 @@ def child_fields(kind: type) -> tuple[str, ...]:
     return fields
 
 
-def walk(node: ast.AST):
-    """`ast.walk(node)` in the same order, without the `ctx` markers (which no finder looks at), at a
-    fraction of its cost: no generator per node, and only the fields that can hold a node are read."""
-    queue = deque([node])
-    popleft, append, extend = queue.popleft, queue.append, queue.extend
+def descend(roots, skip: frozenset = frozenset(), breadth_first: bool = False):
+    """Every node under `roots` (the roots included), the subtrees of the node types in `skip` left out:
+    the one loop every walk of this module runs, reading only the fields that can hold a node (no
+    generator per node, no `ctx` markers, which no finder looks at). Breadth first is `ast.walk`'s
+    order; depth first takes the last node pushed first."""
+    pending = deque(roots)
+    take = pending.popleft if breadth_first else pending.pop
+    append, extend = pending.append, pending.extend
     get = CHILD_FIELDS.get
     AST = ast.AST
-    while queue:
-        current = popleft()
-        if current is None:
-            continue  # a dict display's `**mapping` key
-        yield current
+    while pending:
+        current = take()
         kind = type(current)
+        if kind in skip or current is None:  # None: a dict display's `**mapping` key
+            continue
+        yield current
         for name in get(kind) or child_fields(kind):
             value = getattr(current, name, None)
             if type(value) is list:
                 extend(value)
             elif isinstance(value, AST):
                 append(value)
+
+
+def walk(node: ast.AST):
+    """`ast.walk(node)` in the same order, at a fraction of its cost (see `descend`)."""
+    return descend((node,), breadth_first=True)
 
 
 def statements(tree: ast.AST):
@@ -146,91 +154,33 @@ def same_code(node: ast.AST, text: str) -> bool:
     return ast.dump(node) == ast.dump(other)
 
 
-def local_aliases(function) -> dict[str, str]:
-    """Locals assigned a dotted name (`mr = self.model_runner` -> {"mr": "self.model_runner"})."""
-    aliases = {}
-    for node in walk(function):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = dotted_name(node.value)
-            if value is not None and "()" not in value:
-                aliases.setdefault(node.targets[0].id, value)
-    return aliases
-
-
-def expand_alias(text: str, aliases: dict[str, str]) -> str:
-    head, dot, rest = text.partition(".")
-    return aliases[head] + dot + rest if head in aliases else text
-
-
 def iter_calls(node: ast.AST, into_functions: bool = False):
     """Every call under `node` that runs when `node` runs (nested defs, lambdas and classes are skipped).
 
     `into_functions` also enters nested functions and lambdas (a closure handed to a call runs
     with it), never nested classes.
     """
-    skip = _CLASS_ONLY if into_functions else SCOPE_TYPES
-    stack = [node]
-    pop, append, extend = stack.pop, stack.append, stack.extend
-    get = CHILD_FIELDS.get
-    AST, Call = ast.AST, ast.Call
-    while stack:
-        current = pop()
-        kind = type(current)
-        if kind in skip or current is None:
-            continue
-        if kind is Call:
-            yield current
-        for name in get(kind) or child_fields(kind):
-            value = getattr(current, name, None)
-            if type(value) is list:
-                extend(value)
-            elif isinstance(value, AST):
-                append(value)
+    Call = ast.Call
+    return (n for n in descend((node,), _CLASS_ONLY if into_functions else SCOPE_TYPES) if type(n) is Call)
 
 
 _CLASS_ONLY = frozenset((ast.ClassDef,))
 
 
 def refs_and_calls(body: list[ast.stmt]) -> tuple[set[str], list[str]]:
-    """The dotted names a block reads (every prefix of an attribute chain) and the dotted names of the
-    calls it makes, in walk order, nested classes aside."""
+    """The dotted names a block reads (every prefix of an attribute chain: each link is a node of its
+    own) and the dotted names of the calls it makes, in `iter_calls`' order, nested classes aside."""
     refs: set[str] = set()
     calls: list[str] = []
-    stack = list(body)
-    pop, append, extend = stack.pop, stack.append, stack.extend
-    get = CHILD_FIELDS.get
-    AST, Attribute, Name, Call, ClassDef = ast.AST, ast.Attribute, ast.Name, ast.Call, ast.ClassDef
-    while stack:
-        node = pop()
+    add = refs.add
+    Attribute, Name, Call = ast.Attribute, ast.Name, ast.Call
+    for node in descend(body, _CLASS_ONLY):
         kind = type(node)
-        if kind is ClassDef or node is None:
-            continue
-        if kind is Attribute:
-            # A chain `self.a.b` on a name holds nothing but its prefixes (`self.a`, `self`): add
-            # them all here rather than naming each link again from its root.
-            parts = []
-            root = node
-            while type(root) is Attribute:
-                parts.append(root.attr)
-                root = root.value
-            if type(root) is Name:
-                name = root.id
-                refs.add(name)
-                for part in reversed(parts):
-                    name = f"{name}.{part}"
-                    refs.add(name)
-                continue
-            name = dotted_name(node)
-            if name is not None:
-                refs.add(name)
-        elif kind is Name:
-            refs.add(node.id)
+        if kind is Name:
+            add(node.id)
+        elif kind is Attribute:
+            if (name := dotted_name(node)) is not None:
+                add(name)
         elif kind is Call and (name := dotted_name(node.func)) is not None:
             calls.append(name)
-        for field_name in get(kind) or child_fields(kind):
-            value = getattr(node, field_name, None)
-            if type(value) is list:
-                extend(value)
-            elif isinstance(value, AST):
-                append(value)
     return refs, calls

@@ -24,6 +24,7 @@ from canary_instrument.rewrite.rules import (
     ci207_undefined_in_wiring,
     ci208_unreachable_manager,
 )
+from canary_instrument.rewrite.rules.select import Reported
 from canary_instrument.rewrite.syntax.nodes import same_code
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.transforms.scaffold import report_unusable
@@ -121,11 +122,12 @@ def report_unhandled(parsed: ParsedFile, result: RunResult) -> None:
             result.findings.append(report(parsed, problem))
 
 
+# The problem kinds a transform leaves alone, each with what its rule reports for it.
 _LEFT_ALONE = {
-    "unknown": ci107_unknown_hand_wiring.left_alone,
-    "ambiguous": ci108_ambiguous_role.left_alone,
-    "stray": ci103_stray_placeholder.left_alone,
+    row.which: row.left_alone
+    for row in map(Reported.of_module, (ci107_unknown_hand_wiring, ci108_ambiguous_role, ci103_stray_placeholder))
 }
+_MISSING = Reported.of_module(ci101_missing_placeholder)
 
 
 def report_unreachable(parsed: ParsedFile, result: RunResult) -> set[int]:
@@ -149,7 +151,7 @@ def plan_apply(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditP
         if id(match.class_node) in unreachable:
             continue
         if match.state == "missing":
-            result.findings.append(ci101_missing_placeholder.apply_finding(parsed, match))
+            result.findings.append(_MISSING.left_alone(parsed, match))
             continue
         if match.state not in ("placeholder", "wired", "handwritten"):
             continue

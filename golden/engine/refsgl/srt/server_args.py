@@ -39,6 +39,10 @@ class ServerArgs:
     chunked_prefill_size: int = 64
     enable_mixed_chunk: bool = False
     disable_radix_cache: bool = False
+    # Hierarchical cache (sglang's HiCache): the prefix cache also keeps its KV in a host pool of
+    # hicache_ratio x the device pool's slots and loads it back on a hit (mem_cache/hiradix_cache.py).
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
 
     # Speculative decoding.
     speculative_algorithm: Optional[str] = None  # None | "EAGLE"
@@ -78,6 +82,12 @@ class ServerArgs:
             raise ValueError("ServerArgs.num_key_value_heads: must divide num_attention_heads")
         if self.speculative_algorithm == "EAGLE" and self.enable_mixed_chunk:
             raise ValueError("ServerArgs.enable_mixed_chunk: not supported with speculative decoding")
+        if self.enable_hierarchical_cache:
+            if self.speculative_algorithm is not None or self.attention_layout == "swa":
+                raise ValueError("ServerArgs.enable_hierarchical_cache: the host tier holds one pool of full-attention "
+                                 "KV; not supported with speculative decoding (a draft pool) or SWA (a window pool)")
+            if self.hicache_ratio <= 0:
+                raise ValueError(f"ServerArgs.hicache_ratio: must be > 0, got {self.hicache_ratio}")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend == "auto":

@@ -1,6 +1,6 @@
 """Scheduler: admits requests against KV memory, mixes prefill, chunked prefill and decode,
-shares prefixes through the radix cache, evicts out-of-window SWA slots, and drives either
-the target model runner directly or the EAGLE worker.
+shares prefixes through the radix cache (with HiCache, through its host tier too), evicts
+out-of-window SWA slots, and drives either the target model runner directly or the EAGLE worker.
 
 A step is prefill-first, as in sglang: if waiting requests (or an unfinished chunk) fit,
 run an extend batch (with the running requests riding along as one-token extends when
@@ -23,6 +23,7 @@ import torch
 from refsgl.srt.debug_hooks import DebugHooks
 from refsgl.srt.managers.schedule_batch import Req, ScheduleBatch
 from refsgl.srt.mem_cache.allocator import SWATokenToKVPoolAllocator
+from refsgl.srt.mem_cache.hiradix_cache import HiRadixCache
 from refsgl.srt.mem_cache.radix_cache import RadixCache
 from refsgl.srt.model_executor.forward_batch_info import ForwardMode
 from refsgl.srt.model_executor.model_runner import ModelRunner
@@ -61,12 +62,20 @@ class Scheduler:
         self.is_swa = isinstance(self.allocator, SWATokenToKVPoolAllocator)
         self.sliding_window = model_runner.sliding_window_size
         self.num_draft_tokens = server_args.speculative_num_steps + 1 if spec_worker is not None else 0
-        self.tree_cache = RadixCache(
-            self.allocator,
-            bigram_keys=spec_worker is not None,
-            swa_window=self.sliding_window if self.is_swa else None,
-            disable=server_args.disable_radix_cache,
-        )
+        if server_args.enable_hierarchical_cache:
+            self.tree_cache = HiRadixCache(
+                self.allocator,
+                model_runner.token_to_kv_pool,
+                server_args.hicache_ratio,
+                disable=server_args.disable_radix_cache,
+            )
+        else:
+            self.tree_cache = RadixCache(
+                self.allocator,
+                bigram_keys=spec_worker is not None,
+                swa_window=self.sliding_window if self.is_swa else None,
+                disable=server_args.disable_radix_cache,
+            )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         # Frees _process_result defers to _flush_kv_frees: (is SWA release, req-pool row, start, end).

@@ -40,7 +40,7 @@ class RadixCache:
 
     def reset(self):
         """Forget every node (the caller resets the allocator that owned their slots)."""
-        self.root = TreeNode(None, 0, None)
+        self.root = self._new_node(None, 0, None)
         self.root.lock_ref = 1
         self.num_nodes = 0
 
@@ -53,7 +53,14 @@ class RadixCache:
         """Longest cached prefix of `token_ids` that leaves at least one token to compute."""
         if self.disable:
             return [], self.root
-        keys = self._keys(token_ids)[: len(token_ids) - 1]
+        path = self._match_path(self._keys(token_ids)[: len(token_ids) - 1])
+        if self.swa_window is not None and path:
+            path = self._cut_to_mapped_window(path)
+        slots = [n.slot for n in path]
+        return slots, (path[-1] if path else self.root)
+
+    def _match_path(self, keys: list) -> list:
+        """The nodes of the longest cached prefix of `keys`, each marked as just used."""
         node, path = self.root, []
         for key in keys:
             child = node.children.get(key)
@@ -62,10 +69,10 @@ class RadixCache:
             child.last_access = next(_clock)
             path.append(child)
             node = child
-        if self.swa_window is not None and path:
-            path = self._cut_to_mapped_window(path)
-        slots = [n.slot for n in path]
-        return slots, (path[-1] if path else self.root)
+        return path
+
+    def _new_node(self, key, slot: int, parent: TreeNode) -> TreeNode:
+        return TreeNode(key, slot, parent)
 
     def _cut_to_mapped_window(self, path: list[TreeNode]) -> list[TreeNode]:
         mapping = self.allocator.full_to_swa_index_mapping
@@ -96,7 +103,7 @@ class RadixCache:
         for pos, (key, slot) in enumerate(zip(keys, slots)):
             child = node.children.get(key)
             if child is None:
-                child = TreeNode(key, slot, node)
+                child = self._new_node(key, slot, node)
                 node.children[key] = child
                 self.num_nodes += 1
                 created.append((pos, child))
