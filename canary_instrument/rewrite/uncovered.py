@@ -81,11 +81,18 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     # A call of a method of that name elsewhere may reach it once the classes typing its receiver are
     # known (a base's property, a field's class): their definitions are searched for where the
     # receiver's name fits the method's class (the name only picks what is worth a search).
+    # A receiver typed only by a class of the tree not analysed, a base of such a method's class, may
+    # run that method's override: that class is wanted too (`CallGraph.instances`).
     owners: dict[str, set[str]] = defaultdict(set)
+    graph.unanalysed_bases = defaultdict(set)
     for key in depth:
         fn = graph.defs[key]
         if fn.cls is not None:
-            owners[fn.qualname.rpartition(".")[2]].add(fn.cls.rpartition(".")[2])
+            name = fn.qualname.rpartition(".")[2]
+            owners[name].add(fn.cls.rpartition(".")[2])
+            cls = graph.self_class(key)
+            if cls is not None:
+                graph.unanalysed_bases[name].update(graph.unanalysed_base_names(cls))
     graph.bases_wanted = True
     for key, fn in graph.defs.items():
         for edge in fn.edges:
