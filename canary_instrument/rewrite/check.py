@@ -40,7 +40,7 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
             scan.handed_off()
             scan.expand()
     finally:
-        scan.pair.close()  # the child that read half the tree is no longer needed
+        scan.close()  # the child that read half the tree is no longer needed
     if scan.memo is not None:  # no file changed since the cache's run: its outcome is this one's
         _, findings, errors, result.files_analysed = scan.memo
         result.errors.extend(errors)

@@ -18,10 +18,9 @@ from canary_instrument.rewrite.analysis.callgraph import CallGraph
 from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
-from canary_instrument.rewrite.analysis.modules import module_files
 from canary_instrument.rewrite.io.parallel import Pair
 from canary_instrument.rewrite.analysis.placement import Placement
-from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter, defines_class
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
@@ -91,6 +90,7 @@ class Scan:
         size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
         self.pair = Pair({
             "examine": lambda i: self.examine(*files[i]), "find": self._find_side, "analyse": self._analyse_found,
+            "handed": lambda key: self.analyse(Path(key), self.data.get(key), SITES | REACH),
         }, size)
         outcomes, sides = self.pair.map("examine", todo, weights)
         for i, outcome, side in zip(todo, outcomes, sides):
@@ -100,17 +100,25 @@ class Scan:
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
 
+    def close(self) -> None:
+        """End the pair's child, and the pair's hold on this scan: its functions refer back to it, a cycle
+        that (with the collector off during a check) would keep every report alive until the
+        interpreter's exit collects it, at a cost that grows with the tree."""
+        self.pair.close()
+        self.pair.functions = {}
+
     def handed_off(self) -> None:
         """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
         are, they hold its after-capture hooks."""
         handed = set().union(*(r.handed for r in self.reports.values() if r is not None))
         while handed:
-            others = {Path(key): key for key, _ in self.others}
-            found = [others[path] for path in module_files(handed, others)]
+            found = ModuleIndex([key for key, _ in self.others]).files(handed)
             handed = set()
-            self.others = [(key, st) for key, st in self.others if key not in found]
-            for key in found:
-                report = self.analyse(Path(key), self.data.get(key), SITES | REACH)
+            sizes = {key: st.st_size if st is not None else 0 for key, st in self.others}
+            taken = set(found)
+            self.others = [(key, st) for key, st in self.others if key not in taken]
+            reports, _ = self.pair.map("handed", found, [sizes[key] for key in found])  # on both sides
+            for key, report in zip(found, reports):
                 self.needs[key] = SITES | REACH
                 if isinstance(report, SourceError):
                     self.errors.append(report)
@@ -252,15 +260,20 @@ class Scan:
                 parts = self._parts()
                 position = {key: index for index, (key, _) in enumerate(self.others)}
                 stats = dict(self.others)
+            # A class wanted for its definition is looked for where the code imports it from; only one
+            # not defined there is searched for in every file.
+            imported = self._imported(wanted, stats)
+            search = {entry for entry in wanted if entry[0] != "define" or entry[1] not in imported}
             # Each side searches the files whose bytes it holds; the files found are then analysed on
             # both sides, split by size (one side may find all of them). Reports join the tree in the
             # order of the files, as one search over all of them would give.
             if self.pair.forked:
-                here, there = self.pair.both("find", (0, parts[0], wanted, taken), (1, parts[1], wanted, taken))
+                here, there = self.pair.both("find", (0, parts[0], search, taken), (1, parts[1], search, taken))
                 hits = here + there
             else:
-                hits = self._find_side(0, parts[0], wanted, taken) + self._find_side(1, parts[1], wanted, taken)
-            hits.sort(key=position.__getitem__)
+                hits = self._find_side(0, parts[0], search, taken) + self._find_side(1, parts[1], search, taken)
+            hits = sorted(set(hits) | {key for keys in imported.values() for key in keys if key not in taken},
+                          key=position.__getitem__)
             fresh = [key for key in hits if key not in self.kept]
             analysed, _ = self.pair.map("analyse", fresh, [stats[key].st_size if stats[key] else 0 for key in fresh])
             found = list(zip(fresh, analysed)) + [(key, None) for key in hits if key in self.kept]
@@ -280,6 +293,24 @@ class Scan:
                 break  # the call graph just built is the tree's: all it wants was searched for
         if self.cache is not None:
             self.cache.set_extra(EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
+
+    def _imported(self, wanted, stats: dict) -> dict[str, list[str]]:
+        """For each ("define", class) of `wanted`, the files not analysed that define it in a module the
+        code imports it from (("imported", class, module) entries); classes without one are left out."""
+        modules: dict[str, set[str]] = {}
+        for entry in wanted:
+            if entry[0] == "imported":
+                modules.setdefault(entry[2], set()).add(entry[1])
+        if not modules:
+            return {}
+        index = ModuleIndex(list(stats))
+        found: dict[str, list[str]] = {}
+        for module, names in modules.items():
+            for key in index.files([module]):
+                for name in names:
+                    if ("define", name) in wanted and defines_class(self._bytes(key), name):
+                        found.setdefault(name, []).append(key)
+        return found
 
     def _parts(self) -> tuple[list[str], list[str]]:
         """The files no rule needed, split by the side of the pair that holds their bytes; files read by
@@ -319,6 +350,36 @@ class Scan:
         """The call-graph report of a file the caller search found (its bytes read again where this
         side does not hold them)."""
         return self.analyse(Path(key), self.data.get(key), REACH)
+
+
+class ModuleIndex:
+    """The files of a list of path strings by the modules they define, as `modules.module_files` finds
+    them (`a.b.c`: `.../a/b/c.py` or `.../a/b/c/__init__.py`), without a Path per file: indexed by
+    file name, only the few files of that name are compared."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.by_name: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            self.by_name.setdefault(os.path.basename(key), []).append(index)
+
+    def files(self, modules) -> list[str]:
+        """The files defining one of `modules`, in the order of the keys."""
+        found: set[int] = set()
+        for module in modules:
+            parts = [p for p in module.split(".") if p]
+            if not parts:
+                continue
+            path = "/" + "/".join(parts)
+            for name, suffix in ((parts[-1] + ".py", path + ".py"), ("__init__.py", path + "/__init__.py")):
+                for index in self.by_name.get(name, ()):
+                    if ("/" + _posix(self.keys[index])).endswith(suffix):
+                        found.add(index)
+        return [self.keys[index] for index in sorted(found)]
+
+
+def _posix(key: str) -> str:
+    return key if os.sep == "/" else Path(key).as_posix()
 
 
 def _read(path: str, size: int) -> bytes:

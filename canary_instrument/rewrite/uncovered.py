@@ -56,7 +56,8 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     plain function or, named by its class, a constructor, ("subclass", class) for the classes
     whose subclasses inherit calls on `self`, and ("define", class) for a class that types a
     receiver on such a path but whose file was not analysed (so the call resolves by its class,
-    not by naming)."""
+    not by naming), with ("imported", class, module) for where the code imports it from (a file
+    that holds its definition there spares the search of the tree for it)."""
     kv = kv_reaching(graph)
     depth: dict[DefKey, int] = {}
     queue: deque[DefKey] = deque()
@@ -73,17 +74,25 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     via = exposed(graph)
     wanted: set[tuple] = set()
     graph.missing = set()
+    graph.missing_from = set()
     for key in depth:
         for edge in graph.defs[key].edges:
             graph.resolve(key, edge.target, edge.call)
     # A call of a method of that name elsewhere may reach it once the classes typing its receiver are
     # known (a base's property, a field's class): their definitions are searched for where the
     # receiver's name fits the method's class (the name only picks what is worth a search).
+    # A receiver typed only by a class of the tree not analysed, a base of such a method's class, may
+    # run that method's override: that class is wanted too (`CallGraph.instances`).
     owners: dict[str, set[str]] = defaultdict(set)
+    graph.unanalysed_bases = defaultdict(set)
     for key in depth:
         fn = graph.defs[key]
         if fn.cls is not None:
-            owners[fn.qualname.rpartition(".")[2]].add(fn.cls.rpartition(".")[2])
+            name = fn.qualname.rpartition(".")[2]
+            owners[name].add(fn.cls.rpartition(".")[2])
+            cls = graph.self_class(key)
+            if cls is not None:
+                graph.unanalysed_bases[name].update(graph.unanalysed_base_names(cls))
     graph.bases_wanted = True
     for key, fn in graph.defs.items():
         for edge in fn.edges:
@@ -92,6 +101,7 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
                 graph.resolve(key, edge.target, edge.call)
     graph.bases_wanted = False
     wanted.update(("define", name) for name in graph.missing)
+    wanted.update(("imported", name, module) for name, module in graph.missing_from)
     graph.missing = None
     for key, hops in depth.items():
         fn = graph.defs[key]

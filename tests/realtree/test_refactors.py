@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from canary_instrument.catalog import load_catalog
+from canary_instrument.rewrite.check import uncovered_forwards
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.transforms.apply import apply_tree
 
@@ -376,3 +377,16 @@ def test_fork_transformations_add_forwards_outside_every_site_and_say_where(tmp_
     assert found[0][1] == "return self.draft_model_runner.forward(forward_batch)"
     assert found[1][1] == "outputs.append(self.draft_runner.forward(forward_batch))"
     assert found[2][1].startswith("return self.model.forward(")
+
+
+def test_a_renamed_package_folder_reports_the_uncovered_forwards_of_the_release(tmp_path):
+    # CI301's files follow what the code imports and types, not folder names: with `model_executor/`
+    # renamed, the receiver `self.prefill_cuda_graph_runner` (typed `BaseRunner` through what
+    # `capture_prefill_graph` returns) still reaches `PrefillCudaGraphRunner.execute`.
+    trees, _ = bases("0.5.20")
+    source = trees["placeholder"]
+    root = tmp_path / "sglang" / "srt"
+    done = make_refactored(source, root, "module-folder")
+    before = {(f.path.relative_to(source).as_posix(), f.line) for f in uncovered_forwards([source], load_catalog(source))}
+    after = {(f.path.relative_to(root).as_posix(), f.line) for f in uncovered_forwards([root], load_catalog(root))}
+    assert after == {(done.path(rel), line) for rel, line in before}

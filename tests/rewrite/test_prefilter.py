@@ -66,3 +66,20 @@ def test_the_caller_search_finds_calls_by_fitting_receivers_constructors_and_sub
     search = CallerSearch(files)
     wanted = {("call", "execute", "EagerRunner"), ("call", "CPUGraphRunner", None), ("subclass", "DecodeCudaGraphRunner")}
     assert search.find(wanted) == {0, 2, 4, 6}
+
+
+def test_class_names_sharing_a_part_are_found_as_each_alone():
+    # `Runner` is searched for once for the four names: each file is judged as a search per name would.
+    files = [
+        b"class MyRunner(DecodeCudaGraphRunner):\n    pass\n",  # a subclass
+        b"runner = CPUGraphRunner(model_runner)\n",  # a constructor call
+        b"x = NotCPUGraphRunner(model_runner)\n",  # a longer name holding the wanted one
+        b"from a import EagerRunner  # EagerRunner is not called here\n",
+        b"class ModelRunnerMixin(ModelRunner, object):\n    pass\n",
+        b"class EagerRunner:\n    pass\n",  # the definition of a wanted class
+    ]
+    wanted = {("subclass", "DecodeCudaGraphRunner"), ("call", "CPUGraphRunner", None), ("call", "EagerRunner", None),
+              ("subclass", "ModelRunner"), ("define", "EagerRunner")}
+    together = CallerSearch(files).find(wanted, two_cores=False)
+    alone = set().union(*(CallerSearch(files).find({entry}, two_cores=False) for entry in wanted))
+    assert together == alone == {0, 1, 4, 5}

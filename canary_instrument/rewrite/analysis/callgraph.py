@@ -41,7 +41,9 @@ class CallGraph:
         # tree even when its file was not analysed; one through none (`torch.`, `typing.`) is outside it.
         self.packages = {part for parts in self.modules for part in parts[:-1]}
         self.missing: set[str] | None = None  # when a set: unanalysed classes of the tree that typed a receiver
+        self.missing_from: set[tuple[str, str]] = set()  # with `missing`: (class, the module the code imports it from)
         self.bases_wanted = False  # with `missing`: also the unanalysed bases of a class whose attribute is unknown
+        self.unanalysed_bases: dict[str, set[str]] = {}  # with `bases_wanted`: method name -> bases wanted (`instances`)
         for index, (_, facts) in enumerate(files):
             for cls in facts.classes:
                 key = (index, cls.qualname)
@@ -260,14 +262,40 @@ class CallGraph:
     def _qualified(self, qualified: str, fields: bool) -> list[ClassKey]:
         found = self.classes_of(qualified)
         if not found and fields and self.missing is not None and not self.packages.isdisjoint(qualified.split(".")[:-1]):
-            self.missing.add(qualified.rpartition(".")[2])  # a class of this tree whose file was not analysed
+            module, _, name = qualified.rpartition(".")
+            self.missing.add(name)  # a class of this tree whose file was not analysed
+            self.missing_from.add((name, module))
         return found
 
     def instances(self, types, name: str, cls: ClassKey | None, caller: DefKey | None = None,
                   word: str | None = None) -> list[DefKey]:
         """Methods `name` of the objects the type sources describe, ranked by the receiver's name
-        `word`: the classes it fits when any does, else all of them. None of the tree's: nothing."""
-        return self.methods_of(self.classes_held(types, cls, caller[0] if caller is not None else None), name, word)
+        `word`: the classes it fits when any does, else all of them. None of the tree's: nothing.
+        While `bases_wanted`, a class of the tree, not analysed, that alone types the receiver and is
+        a base of a class whose method `name` is wanted (`unanalysed_bases`) is wanted too (`missing`):
+        the call may run that class's override."""
+        index = caller[0] if caller is not None else None
+        classes = self.classes_held(types, cls, index)
+        bases = self.unanalysed_bases.get(name) if self.bases_wanted and self.missing is not None else None
+        if not classes and bases:
+            missing, missing_from = self.missing, self.missing_from
+            self.missing, self.missing_from = set(), set()
+            try:
+                self.classes_held(types, cls, index, fields=True)
+            finally:
+                missing |= self.missing & bases
+                missing_from |= {(n, m) for n, m in self.missing_from if n in bases}
+                self.missing, self.missing_from = missing, missing_from
+        return self.methods_of(classes, name, word)
+
+    def unanalysed_base_names(self, key: ClassKey) -> set[str]:
+        """The names of the bases, of this tree and not analysed, of the class and its analysed bases."""
+        out = set()
+        for owner in self.mro(key):
+            for base in self.classes[owner].bases:
+                if not self.classes_of(base) and not self.packages.isdisjoint(base.split(".")[:-1]):
+                    out.add(base.rpartition(".")[2])
+        return out
 
     def methods_of(self, classes: list[ClassKey], name: str, word: str | None = None) -> list[DefKey]:
         """`name` on instances of `classes`: each class's own (or inherited) method, and the overrides in

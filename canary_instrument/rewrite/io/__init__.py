@@ -1,1 +1,1 @@
-"""File access for the rewriter: sources read and written, the check cache, the process pool, the prefilter."""
+"""File access for the rewriter: sources read and written, the check cache, the two-process split, the prefilter."""

@@ -250,6 +250,7 @@ def python_files(paths: Iterable, exclude: Iterable[str] = ()) -> list[tuple[str
         else:
             add_file(given, st)
 
+    walk = None  # the recursive closure is a cycle that would keep `found` for the collector (off in check)
     found.sort(key=lambda item: item[0])
     return [(item, st) for _, item, st in found]
 

@@ -1,20 +1,22 @@
-"""Run work on two cores: this process and the one worker of a standard-library process pool.
+"""Run work on two cores: this process and a forked child.
 
 `check` reads, scans and parses a whole tree on a cold run; this spreads that work over the two
-cores a pre-commit gate can count on. The pool forks its worker (the `fork` start method):
-the worker then starts with the catalog, the cache and every module already loaded, where a
-spawned one would import and rebuild them first. Where fork is unavailable or unsafe (threads
-running), or the work is small, everything runs in this process.
+cores a pre-commit gate can count on. The child starts with the catalog, the cache and every
+module already loaded, and takes its first item at once. Forked by hand (`os.fork` and pipes),
+not by the standard library's process pool: the pool's imports, its queues and threads delay its
+worker's first item by a large part of a cold check (bench/check/RESULTS.md, "The second core").
+Where fork is unavailable or unsafe (threads running), or the work is small, it runs serially.
 
-A `Pair` keeps its worker for several steps, so that a later step can run where an earlier one
-left its data (check's caller search runs over the bytes each side read, instead of this process
-reading the worker's half of the tree again). `map_two` forks a child of its own for one map.
+A `Pair` keeps its child for several steps, so that a later step can run where an earlier one left
+its data (check's caller search runs over the bytes each side read, instead of this process
+reading the child's half of the tree again). `map_two` forks a child of its own for one map.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 import sys
 from typing import Callable, Sequence, TypeVar
 
@@ -22,11 +24,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MIN_WEIGHT = 4_000_000  # below this much work (bytes to read or scan), a fork costs more than it saves
-
-# The pair whose worker is being forked: the worker inherits it (functions need not be picklable,
-# and the first map's shared counter can only be handed over by inheritance).
-_forking: Pair | None = None
-_worker: Pair | None = None  # in the worker: its copy of the pair, for every step
 
 
 def _can_fork() -> bool:
@@ -49,159 +46,197 @@ def split(weights: Sequence[int]) -> tuple[list[int], list[int]]:
     return halves[0], halves[1]
 
 
-def _worker_take(name: str, items: Sequence, chunks: list[list[int]]) -> tuple[int, list]:
-    """In the worker: its share of the first map, and its pid (to tell the caller it is not this process)."""
-    global _worker
-    _worker = _forking
-    _worker.pid = os.getpid()  # the worker's side of the pair is forked too: what it runs shares no core
-    return os.getpid(), _worker._take(name, items, chunks)
-
-
-def _worker_call(name: str, calls: list[tuple]) -> list:
-    """In the worker: a later step's share, run over the worker's own memory."""
-    function = _worker.functions[name]
-    return [function(*args) for args in calls]
+_HEADER = struct.Struct("<Q")
+_TOKEN = struct.Struct("<I")
+_MAX_TOKENS = 2048  # a pipe holds this many 4-byte tokens before anyone reads (16 KiB buffers on some systems)
 
 
 class Pair:
-    """This process (side 0) and, while the pair is open, a pool worker (side 1) that stays between steps.
+    """This process (side 0) and, while the pair is open, a forked child (side 1) that stays between steps.
 
-    The worker is forked by the first `map`, whose items the two sides then take from one shared
-    counter, the heaviest first, each the next one as soon as it is free: the weights only order
-    the work, so they need not say exactly what an item costs (a parse and a site analysis cost a
-    hundred times a byte scan of the same size). The functions the worker may run are named when
-    the pair is made, so the worker runs its own copies over its own memory: what a step computed
-    there stays there for the next step. A function must give the same result on either side
-    (memory only spares it work), so that when there is no worker (small work, no fork) or the
-    worker fails, this process runs the worker's share itself. Use it as a context manager;
-    closing it ends the worker.
+    The child is forked by the first `map`, whose items the two sides then take from one queue, the
+    heaviest first, each the next one as soon as it is free: the weights only order the work, so
+    they need not say exactly what an item costs (a parse and a site analysis cost a hundred times
+    a byte scan of the same size). The functions the child may run are named when the pair is
+    made, so the child runs its own copies over its own memory: what a step computed there stays
+    there for the next step. A function must give the same result on either side (memory only
+    spares it work), so that when there is no child (small work, no fork) or the child fails, this
+    process runs the child's share itself. Use it as a context manager; closing it ends the child.
     """
 
     def __init__(self, functions: dict[str, Callable], weight: int) -> None:
         self.functions = functions
         self.pid: int | None = None
-        self._pool = None
-        self._counter = None
+        self._requests = self._replies = None
         self._fork = weight >= MIN_WEIGHT and _can_fork()
 
     @property
     def forked(self) -> bool:
-        """Whether a worker is there to take a share (else both sides run here)."""
+        """Whether a child is there to take a share (else both sides run here)."""
         return self.pid is not None
 
-    def _take(self, name: str, items: Sequence, chunks: list[list[int]]) -> list:
-        """Compute the chunks this side takes from the shared counter until none is left: [(index, result)]."""
+    def _start(self, name: str, items: Sequence, chunks: list[list[int]]) -> list | None:
+        """Fork the child, the two sides sharing `items` chunk by chunk from a queue; this side's
+        [(index, result)], or None when the fork failed (nothing computed yet)."""
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        queue_read, queue_write = os.pipe()
+        tokens = memoryview(b"".join(_TOKEN.pack(number) for number in range(len(chunks))))
+        while tokens:
+            tokens = tokens[os.write(queue_write, tokens):]
+        os.close(queue_write)  # every token is in: a side that reads the end of the queue is done
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (request_read, request_write, reply_read, reply_write, queue_read):
+                os.close(fd)
+            return None
+        if pid == 0:  # the child: take its share, then serve requests until the pair closes; no cleanup
+            status = 1
+            try:
+                self.pid = os.getpid()  # the child's side is forked too: what it runs shares no core
+                os.close(request_write)
+                os.close(reply_read)
+                replies = os.fdopen(reply_write, "wb")
+                try:
+                    body = pickle.dumps(("ok", self._take(name, items, chunks, queue_read)),
+                                        protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception:  # noqa: BLE001 - reported as a failure; the parent then does the share itself
+                    body = pickle.dumps(("failed", None))
+                replies.write(_HEADER.pack(len(body)) + body)
+                replies.flush()
+                self._serve(os.fdopen(request_read, "rb"), replies)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(request_read)
+        os.close(reply_write)
+        self.pid = pid
+        self._requests = os.fdopen(request_write, "wb")
+        self._replies = os.fdopen(reply_read, "rb")
+        return self._take(name, items, chunks, queue_read)
+
+    def _take(self, name: str, items: Sequence, chunks: list[list[int]], queue: int) -> list:
+        """Compute the chunks this side takes from the queue until it is empty: [(index, result)]."""
         function = self.functions[name]
         done = []
-        while True:
-            with self._counter.get_lock():
-                number = self._counter.value
-                self._counter.value = number + 1
-            if number >= len(chunks):
-                return done
-            for index in chunks[number]:
-                done.append((index, function(items[index])))
-
-    def _start(self, name: str, items: Sequence, chunks: list[list[int]]):
-        """Fork the worker, the two sides sharing `items` chunk by chunk; (this side's [(index, result)],
-        the worker's future), or None when the pool could not start (nothing computed yet)."""
-        global _forking
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        context = multiprocessing.get_context("fork")
-        self._counter = context.Value("q", 0)
-        _forking = self
         try:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
-            future = self._pool.submit(_worker_take, name, items, chunks)  # forks the worker
+            while token := os.read(queue, _TOKEN.size):  # a read of the pipe takes a whole token or none
+                for index in chunks[_TOKEN.unpack(token)[0]]:
+                    done.append((index, function(items[index])))
+        finally:
+            os.close(queue)
+        return done
+
+    def _serve(self, requests, replies) -> None:
+        while True:
+            message = _receive(requests)
+            if message is None:
+                return
+            name, calls = message
+            try:
+                body = pickle.dumps(("ok", [self.functions[name](*args) for args in calls]),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - reported as a failure; this process then does the share itself
+                body = pickle.dumps(("failed", None))
+            replies.write(_HEADER.pack(len(body)) + body)
+            replies.flush()
+
+    def _ask(self, name: str, calls: list[tuple]) -> None:
+        """Send the child its share (nothing to do when there is no child)."""
+        if self.pid is None:
+            return
+        body = pickle.dumps((name, calls), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._requests.write(_HEADER.pack(len(body)) + body)
+            self._requests.flush()
         except OSError:
-            _forking = None
-            self._shutdown()
-            return None
-        _forking = None
-        return self._take(name, items, chunks), future
+            self.close()
+
+    def _answer(self, name: str, calls: list[tuple]) -> tuple[list, int]:
+        """(The child's results for `calls`, 1), or (the same computed here, 0) when it cannot give them."""
+        if self.pid is not None:
+            try:
+                message = _receive(self._replies)
+            except Exception:  # noqa: BLE001 - an unreadable reply: the child is of no further use
+                message = None
+            if message is not None and message[0] == "ok" and len(message[1]) == len(calls):
+                return message[1], 1
+            self.close()
+        function = self.functions[name]
+        return [function(*args) for args in calls], 0
 
     def map(self, name: str, items: Sequence, weights: Sequence[int]) -> tuple[list, list[int]]:
         """([functions[name](item) for item in items], the side that computed each). The first map of a
-        pair that forks shares its items through a counter; later ones split them by weight."""
+        pair that forks shares its items through a queue; later ones split them by weight."""
         function = self.functions[name]
         results: list = [None] * len(items)
         sides = [0] * len(items)
-        if self._pool is None and self._fork and len(items) >= 2:
+        if self.pid is None and self._fork and len(items) >= 2:
             self._fork = False
             order = sorted(range(len(items)), key=lambda i: -weights[i])
-            started = self._start(name, items, [[index] for index in order])
-            if started is not None:
-                mine, future = started
+            size = -(-len(order) // _MAX_TOKENS)  # items per chunk: one, unless there are very many
+            chunks = [order[start : start + size] for start in range(0, len(order), size)]
+            mine = self._start(name, items, chunks)
+            if mine is not None:
                 done = set()
                 for index, value in mine:
                     results[index] = value
                     done.add(index)
-                theirs = self._result(future)
-                if theirs is not None:
-                    self.pid, values = theirs
-                    for index, value in values:
-                        results[index], sides[index] = value, 1
-                        done.add(index)
-                for index in range(len(items)):
-                    if index not in done:  # the worker failed: its share is done here
+                rest = [i for i in range(len(items)) if i not in done]
+                values, side = self._answer_indexed(rest)
+                for index in rest:
+                    if index in values:
+                        results[index], sides[index] = values[index], side
+                    else:
                         results[index] = function(items[index])
                 return results, sides
         if self.pid is None or len(items) < 2:
             return [function(item) for item in items], sides
         mine, theirs = split(weights)
         calls = [(items[i],) for i in theirs]
-        future = self._ask(name, calls)
+        self._ask(name, calls)
         for index in mine:
             results[index] = function(items[index])
-        values, side = self._answer(name, calls, future)
+        values, side = self._answer(name, calls)
         for index, value in zip(theirs, values):
             results[index] = value
             sides[index] = side
         return results, sides
 
-    def both(self, name: str, mine: tuple, theirs: tuple) -> tuple:
-        """(functions[name](*mine) here, functions[name](*theirs) in the worker), run at the same time."""
-        future = self._ask(name, [theirs])
-        here = self.functions[name](*mine)
-        return here, self._answer(name, [theirs], future)[0][0]
-
-    def _ask(self, name: str, calls: list[tuple]):
-        """Send the worker its share: its future (None when there is no worker)."""
-        if self.pid is None:
-            return None
+    def _answer_indexed(self, wanted: list[int]) -> tuple[dict, int]:
+        """The child's {index: result} of the first map, with side 1; ({}, 0) when it cannot give them
+        (this process then computes them)."""
         try:
-            return self._pool.submit(_worker_call, name, calls)
-        except Exception:  # noqa: BLE001 - a broken pool: the worker is of no further use
-            self.close()
-            return None
-
-    def _answer(self, name: str, calls: list[tuple], future) -> tuple[list, int]:
-        """(The worker's results for `calls`, 1), or (the same computed here, 0) when it cannot give them."""
-        values = self._result(future) if future is not None else None
-        if values is not None and len(values) == len(calls):
-            return values, 1
+            message = _receive(self._replies)
+        except Exception:  # noqa: BLE001 - an unreadable reply: the child is of no further use
+            message = None
+        if message is not None and message[0] == "ok":
+            values = dict(message[1])
+            if all(index in values for index in wanted):
+                return values, 1
         self.close()
-        function = self.functions[name]
-        return [function(*args) for args in calls], 0
+        return {}, 0
 
-    def _result(self, future):
-        """The future's result; None (and the pool closed) when the worker failed."""
-        try:
-            return future.result()
-        except Exception:  # noqa: BLE001 - the worker raised or died: this process does its share
-            self.close()
-            return None
-
-    def _shutdown(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)  # the worker leaves and is reaped
+    def both(self, name: str, mine: tuple, theirs: tuple) -> tuple:
+        """(functions[name](*mine) here, functions[name](*theirs) in the child), run at the same time."""
+        self._ask(name, [theirs])
+        here = self.functions[name](*mine)
+        return here, self._answer(name, [theirs])[0][0]
 
     def close(self) -> None:
-        self.pid = None
-        self._shutdown()
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        for stream in (self._requests, self._replies):
+            try:
+                stream.close()  # the child reads the end of its requests and leaves
+            except OSError:
+                pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
     def __enter__(self) -> Pair:
         return self
@@ -210,11 +245,22 @@ class Pair:
         self.close()
 
 
+def _receive(stream):
+    """One length-prefixed pickle from `stream`; None at its end."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(header)
+    body = stream.read(size)
+    if len(body) < size:
+        return None
+    return pickle.loads(body)
+
+
 def map_two(fn: Callable[[T], R], items: Sequence[T], weights: Sequence[int]) -> list[R]:
     """[fn(item) for item in items], the lighter-weight half computed in a forked child.
 
-    A plain fork, not a pool: this one map runs once per caller-search round of a warm run, where a
-    pool's imports and start cost more than the map saves (bench/check/RESULTS.md)."""
+    A plain fork, as the pair's: see the module's docstring."""
     if sum(weights) < MIN_WEIGHT or len(items) < 2 or not _can_fork():
         return [fn(item) for item in items]
     mine, theirs = split(weights)

@@ -96,7 +96,9 @@ class Prefilter:
         # An object built with the draft flag (`is_draft_worker=True`): its model runner's forward is a
         # draft forward under any attribute name (reach: `respell`), so the file joins the call graph.
         flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)), None)
-        self._draft_flag = re.compile(rb"\b" + flag.encode() + rb"\s*=\s*True\b") if flag else None
+        self._draft_flag = (
+            [flag.encode()], re.compile(rb"(?<!\w)" + re.escape(flag.encode()) + rb"\s*=\s*True\b")
+        ) if flag else None
         # Placeholder names not caught by the canary-named pattern (a catalog may name its own).
         self._placeholders = sorted(
             name.encode() for name in catalog.placeholder_names | {catalog.member} if not _STRAY.fullmatch(name.encode())
@@ -189,8 +191,13 @@ class Prefilter:
 
     def builds_draft(self, data: bytes) -> bool:
         """The file builds an object with the draft flag and calls a forward on an attribute of `self`."""
-        return (self._draft_flag is not None and b"True" in data and _SELF_FORWARD.search(data) is not None
-                and self._draft_flag.search(data) is not None)
+        # Tried only where the flag's name stands: a regex searched from every position of every file
+        # costs more than the rest of the prefilter.
+        if self._draft_flag is None:
+            return False
+        (word,), regex = self._draft_flag
+        return (word in data and next(_matches_at(regex, data, [word]), None) is not None
+                and _SELF_FORWARD.search(data) is not None)
 
     def has_trigger(self, data: bytes) -> bool:
         for (word, regex), leads in zip(self._triggers, self._leads):
@@ -269,8 +276,9 @@ class CallerSearch:
     on a receiver whose name fits the function's class, as a plain name for a function or a
     constructor, or that subclass one of those classes (a subclass inherits the calls on `self`).
 
-    The files are searched as one buffer, one `bytes.find` pass per distinct name (the cost that
-    matters on a tree of thousands of files); each hit is then judged where it stands.
+    The files are searched as one buffer, one `bytes.find` pass per needle (the cost that matters on a
+    tree of thousands of files): a name, or a part several class names share; each hit is then
+    judged where it stands.
     """
 
     def __init__(self, datas: list[bytes]) -> None:
@@ -293,36 +301,98 @@ class CallerSearch:
                 owners.setdefault(entry[1], set()).add(entry[2])
             elif entry[0] == "subclass":
                 bases.add(entry[1])
-            else:
+            elif entry[0] == "define":
                 defined.add(entry[1])
         words = sorted(owners.keys() | bases | defined)
 
-        def files_using(word: str) -> set[int]:
-            return self._files_using(word, owners.get(word, set()), word in bases, word in defined)
+        def files_using(group: tuple[str, list[str]]) -> set[int]:
+            return self._files_using(group[0], group[1], owners, bases, defined)
 
-        # One pass over the whole tree per word: the words share the two cores (parallel.map_two).
+        # One pass over the whole tree per needle (a word, or a part that several class names share,
+        # `_needles`): the needles share the two cores (parallel.map_two).
+        groups = _needles(words)
         found: set[int] = set()
-        for hits in map_two(files_using, words, [len(self._big) if two_cores else 0] * len(words)):
+        for hits in map_two(files_using, groups, [len(self._big) if two_cores else 0] * len(groups)):
             found |= hits
         return found
 
-    def _files_using(self, word: str, classes: set[str | None], base: bool, defined: bool) -> set[int]:
+    def _files_using(self, needle: str, words: list[str], owners: dict, bases: set[str], defined: set[str]) -> set[int]:
+        """The files where one of `words` (each holding `needle`) stands as a use to judge."""
         big = self._big
-        needle = word.encode()
+        raw = needle.encode()
+        # Where each word holds the needle: a hit of the needle at p may be the word at p - offset.
+        spans = [(word.encode(), offset, owners.get(word, ()), word in bases, word in defined)
+                 for word in words for offset in _offsets(word, needle)]
         found: set[int] = set()
-        position = big.find(needle)
+        position = big.find(raw)
         while position >= 0:
-            end = position + len(needle)
-            if not _identifier_byte(big, position - 1) and not _identifier_byte(big, end):
-                index = bisect_right(self._starts, position) - 1
-                if index not in found and (
-                    (base and _in_class_bases(big, position))
-                    or (defined and _defines_class(big, position))
-                    or (classes and _a_call_of(big, position, end, classes))
-                ):
-                    found.add(index)
-            position = big.find(needle, end)
+            for word, offset, classes, base, define in spans:
+                start = position - offset
+                if start < 0 or not big.startswith(word, start):
+                    continue
+                end = start + len(word)
+                if not _identifier_byte(big, start - 1) and not _identifier_byte(big, end):
+                    index = bisect_right(self._starts, start) - 1
+                    if index not in found and (
+                        (base and _in_class_bases(big, start))
+                        or (define and _defines_class(big, start))
+                        or (classes and _a_call_of(big, start, end, classes))
+                    ):
+                        found.add(index)
+            position = big.find(raw, position + 1)
         return found
+
+
+# A part of a class name shared by several wanted names is searched for once for all of them: class
+# names are CamelCase words, and a part such as `Runner` stands rarely enough in code that judging each
+# of its hits costs less than a pass over the tree per name. Lower-case names (methods) are searched
+# for apart: a shared part such as `forward_` stands too often.
+_SHARED_PART = 6
+
+
+def _needles(words: list[str]) -> list[tuple[str, list[str]]]:
+    """(needle, the words holding it) to search for, every word in exactly one group."""
+    groups: list[tuple[str, list[str]]] = [(word, [word]) for word in words]
+    merged = True
+    while merged:
+        merged = False
+        for i, (first, members) in enumerate(groups):
+            for j in range(i + 1, len(groups)):
+                second, others = groups[j]
+                common = _shared_part(first, second)
+                if common is not None:
+                    groups[i] = (common, members + others)
+                    del groups[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return groups
+
+
+def _shared_part(first: str, second: str) -> str | None:
+    """The longest CamelCase part (an upper-case letter, then at least `_SHARED_PART` characters in all)
+    that both names hold, or None."""
+    best = None
+    for start, char in enumerate(first):
+        if not char.isupper():
+            continue
+        end = start + _SHARED_PART
+        while end <= len(first) and first[start:end] in second:
+            if best is None or end - start > len(best):
+                best = first[start:end]
+            end += 1
+    return best
+
+
+def _offsets(word: str, needle: str) -> list[int]:
+    """Every position of `needle` in `word`."""
+    out = []
+    at = word.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = word.find(needle, at + 1)
+    return out
 
 
 def _identifier_byte(data: bytes, index: int) -> bool:
@@ -335,6 +405,18 @@ def _identifier_byte(data: bytes, index: int) -> bool:
 def _in_class_bases(data: bytes, position: int) -> bool:
     """Whether data[position:] stands in the bases of a class statement (`class X(Base, ...)`)."""
     return _CLASS_HEAD.match(data, _line_start(data, position), position) is not None
+
+
+def defines_class(data: bytes, name: str) -> bool:
+    """Whether the file's bytes hold a class statement for `name`."""
+    needle = name.encode()
+    position = data.find(needle)
+    while position >= 0:
+        end = position + len(needle)
+        if not _identifier_byte(data, end) and _defines_class(data, position):
+            return True
+        position = data.find(needle, end)
+    return False
 
 
 def _defines_class(data: bytes, position: int) -> bool:

@@ -1,0 +1,97 @@
+"""Cold `check` (`--no-cache`) of several source trees of the tool on sglang releases, in alternating rounds.
+
+Each round runs every tree once per release, one after the other, so that the load of a shared machine
+falls on all alike. Bytecode caches are written (a first untimed run per tree and release). Prints a
+Markdown table: wall and CPU (both processes) min and median per release and tree, and which trees print what the reference
+tree prints.
+
+    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 [--ast-grep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUN_TREE = Path(__file__).with_name("run_tree.py")
+
+
+def run(tree: str, srt: Path) -> tuple[float, float, bytes, int]:
+    """(wall, CPU of both processes (user + system), stdout, exit code) of one cold check."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(RUN_TREE), tree, "check", "--no-cache", str(srt)],
+                          capture_output=True, env=env)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu, done.stdout, done.returncode
+
+
+def ast_grep(srt: Path) -> tuple[float, float]:
+    """(wall, CPU) of ast-grep over the same tree (the reference of issue 22's bar)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([shutil.which("ast-grep") or str(Path(sys.executable).with_name("ast-grep")), "run", "-p", "contextlib.nullcontext()", "-l", "python",
+                    str(srt)], capture_output=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH")
+    parser.add_argument("--sglang", action="append", required=True, metavar="VERSION")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reference", help="the tree whose output (stdout, exit code) the others are compared with")
+    parser.add_argument("--ast-grep", action="store_true",
+                        help="also run `ast-grep run -p 'contextlib.nullcontext()' -l python SRT` in each round")
+    args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.tree)
+    cache = Path.home() / ".cache" / "canary-instrument" / "sglang"
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    samples: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
+    outputs: dict[tuple[str, str], tuple[bytes, int]] = {}
+    for version in args.sglang:
+        srt = cache / version / "sglang" / "srt"
+        for name, tree in trees.items():
+            _, _, out, code = run(tree, srt)  # untimed: writes the bytecode caches
+            outputs[version, name] = (out, code)
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                wall, cpu, _, _ = run(tree, srt)
+                samples.setdefault((version, name), []).append(wall)
+                cpus.setdefault((version, name), []).append(cpu)
+            if args.ast_grep:
+                wall, cpu = ast_grep(srt)
+                samples.setdefault((version, "ast-grep"), []).append(wall)
+                cpus.setdefault((version, "ast-grep"), []).append(cpu)
+    print(f"rounds: {args.rounds}, bytecode caching on; seconds, min / median; load average before: {load}\n")
+    reference = args.reference or next(iter(trees))
+    shown = [*trees, "ast-grep"] if args.ast_grep else list(trees)
+    print("| release | " + " | ".join(f"{n} wall | {n} CPU" for n in shown) + f" | output as {reference}'s |")
+    print("|---" * (2 * len(shown) + 2) + "|")
+    for version in args.sglang:
+        cells = [f"{min(table[version, n]):.3f} / {statistics.median(table[version, n]):.3f}"
+                 for n in shown for table in (samples, cpus)]
+        same = [n for n in trees if n != reference and outputs[version, n] == outputs[version, reference]]
+        print(f"| {version} | " + " | ".join(cells) + f" | {', '.join(same) or 'none'} |")
+    if args.ast_grep:
+        print("\nmedian wall / ast-grep's median wall (issue 22's bar: at most 0.25):\n")
+        for version in args.sglang:
+            bar = statistics.median(samples[version, "ast-grep"])
+            print(f"- {version}: " + ", ".join(f"{n} {statistics.median(samples[version, n]) / bar:.2f}" for n in trees))
+
+
+if __name__ == "__main__":
+    main()
