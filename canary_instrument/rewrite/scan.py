@@ -20,7 +20,8 @@ from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
 from canary_instrument.rewrite.io.parallel import Pair
 from canary_instrument.rewrite.analysis.placement import Placement
-from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter, defines_class
+from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines

@@ -6,7 +6,8 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite.syntax.naming import head_noun, receiver_fits
-from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, CallerSearch, Prefilter
+from canary_instrument.rewrite.io.callers import CallerSearch
+from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
 
 
 @pytest.fixture(scope="module")

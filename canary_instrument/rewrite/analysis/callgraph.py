@@ -5,10 +5,9 @@ subclasses), a plain or imported function, a nested function, or a method of the
 receiver holds: what an annotation or a constructor call names, what a called function returns
 (its returned value, else its return annotation), an attribute of such an object (a class's own
 assignments first, then the annotations and constructor calls the tree gives that attribute name).
-A class so given reaches its own (or inherited) method and its subclasses' overrides; the receiver's
-name ranks the overrides (`naming.receiver_fits`: those of the classes it fits, when any does). A name
-never decides alone: a receiver nothing types, or typed only with classes outside the tree (torch, the
-standard library), reaches nothing.
+A class so given reaches its own (or inherited) method and its subclasses' overrides, ranked by the
+receiver's name (`naming.receiver_fits`). A name never decides alone: a receiver nothing types, or typed
+only with classes outside the tree (torch, the standard library), reaches nothing.
 """
 
 from __future__ import annotations
@@ -390,17 +389,6 @@ class CallGraph:
         else:  # "name": `self.runners[i].m()`, nothing shows what the element is
             found = []
         return found
-
-    def describe(self, key: DefKey) -> str:
-        """`Class.method`, `module.function`, `Class.method.inner` for a nested function."""
-        fn = self.defs[key]
-        name = fn.qualname.replace(".<locals>.", ".")
-        outer = fn.qualname.split(".<locals>.")[0]
-        if fn.qualname != MODULE and "." not in outer:  # a module-level function (or one nested in it)
-            module = self.files[key[0]][1].module.rpartition(".")[2]
-            name = f"{module}.{name}" if module else name
-        return name
-
 
 class _Resolved(list):
     """Methods a call may run, with those that are only subclasses' overrides marked."""

@@ -35,7 +35,7 @@ def finding(graph: CallGraph, key: DefKey, trigger: TriggerCall, via: dict) -> F
         chain.append(current)
         current = via[current]
     chain.reverse()
-    names = " -> ".join(graph.describe(k) for k in chain)
+    names = " -> ".join(describe(graph, k) for k in chain)
     root = chain[0]
     if current is not None:
         how = f"reached via ... -> {names}"
@@ -43,11 +43,23 @@ def finding(graph: CallGraph, key: DefKey, trigger: TriggerCall, via: dict) -> F
         module = graph.files[root[0]][1].module.rpartition(".")[2]
         how = f"reached from module-level code of {module}: {names.replace(MODULE + ' -> ', '')}"
     elif root == key:
-        how = f"nothing found in the tree calls {graph.describe(key)}"
+        how = f"nothing found in the tree calls {describe(graph, key)}"
     else:
-        how = f"reached from {graph.describe(root)}, which nothing found in the tree calls: {names}"
+        how = f"reached from {describe(graph, root)}, which nothing found in the tree calls: {names}"
     return Finding(
         graph.files[key[0]][0], trigger.line, trigger.col, CODE,
-        f"uncovered forward path: {trigger.what} `{trigger.name}(...)` in {graph.describe(key)} runs outside "
+        f"uncovered forward path: {trigger.what} `{trigger.name}(...)` in {describe(graph, key)} runs outside "
         f"every catalogued site ({how}); add a site for it to the catalog",
     )
+
+
+def describe(graph: CallGraph, key: DefKey) -> str:
+    """How a finding names a function of the call graph: `Class.method`, `module.function`, `Class.method.inner`
+    for a nested function."""
+    fn = graph.defs[key]
+    name = fn.qualname.replace(".<locals>.", ".")
+    outer = fn.qualname.split(".<locals>.")[0]
+    if fn.qualname != MODULE and "." not in outer:  # a module-level function (or one nested in it)
+        module = graph.files[key[0]][1].module.rpartition(".")[2]
+        name = f"{module}.{name}" if module else name
+    return name
