@@ -12,39 +12,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from bench_check import PATTERN, find_sglang, timed_run  # this folder's benchmark: its timing and trees
 
 RUN_TREE = Path(__file__).with_name("run_tree.py")
 
 
-def run(tree: str, srt: Path) -> tuple[float, float, bytes, int]:
+def run(tree: str, srt: Path) -> tuple[float, float, str, int]:
     """(wall, CPU of both processes (user + system), stdout, exit code) of one cold check."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(RUN_TREE), tree, "check", "--no-cache", str(srt)],
-                          capture_output=True, env=env)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    wall, cpu, done = timed_run([sys.executable, str(RUN_TREE), tree, "check", "--no-cache", str(srt)], env=env)
     return wall, cpu, done.stdout, done.returncode
 
 
 def ast_grep(srt: Path) -> tuple[float, float]:
     """(wall, CPU) of ast-grep over the same tree (the reference of issue 22's bar)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run([shutil.which("ast-grep") or str(Path(sys.executable).with_name("ast-grep")), "run", "-p", "contextlib.nullcontext()", "-l", "python",
-                    str(srt)], capture_output=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    tool = shutil.which("ast-grep") or str(Path(sys.executable).with_name("ast-grep"))
+    wall, cpu, _ = timed_run([tool, "run", "-p", PATTERN, "-l", "python", str(srt)])
+    return wall, cpu
 
 
 def main() -> None:
@@ -57,13 +46,15 @@ def main() -> None:
                         help="also run `ast-grep run -p 'contextlib.nullcontext()' -l python SRT` in each round")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
-    cache = Path.home() / ".cache" / "canary-instrument" / "sglang"
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     samples: dict[tuple[str, str], list[float]] = {}
     cpus: dict[tuple[str, str], list[float]] = {}
-    outputs: dict[tuple[str, str], tuple[bytes, int]] = {}
+    outputs: dict[tuple[str, str], tuple[str, int]] = {}
     for version in args.sglang:
-        srt = cache / version / "sglang" / "srt"
+        package = find_sglang(version)
+        if package is None:
+            sys.exit(f"sglang {version}: not found")
+        srt = package / "srt"
         for name, tree in trees.items():
             _, _, out, code = run(tree, srt)  # untimed: writes the bytecode caches
             outputs[version, name] = (out, code)
