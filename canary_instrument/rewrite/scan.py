@@ -18,6 +18,7 @@ from canary_instrument.rewrite.analysis.callgraph import CallGraph
 from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
+from canary_instrument.rewrite.analysis.modules import ModuleIndex
 from canary_instrument.rewrite.io.parallel import Pair
 from canary_instrument.rewrite.analysis.placement import Placement
 from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
@@ -351,36 +352,6 @@ class Scan:
         """The call-graph report of a file the caller search found (its bytes read again where this
         side does not hold them)."""
         return self.analyse(Path(key), self.data.get(key), REACH)
-
-
-class ModuleIndex:
-    """The files of a list of path strings by the modules they define, as `modules.module_files` finds
-    them (`a.b.c`: `.../a/b/c.py` or `.../a/b/c/__init__.py`), without a Path per file: indexed by
-    file name, only the few files of that name are compared."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.keys = keys
-        self.by_name: dict[str, list[int]] = {}
-        for index, key in enumerate(keys):
-            self.by_name.setdefault(os.path.basename(key), []).append(index)
-
-    def files(self, modules) -> list[str]:
-        """The files defining one of `modules`, in the order of the keys."""
-        found: set[int] = set()
-        for module in modules:
-            parts = [p for p in module.split(".") if p]
-            if not parts:
-                continue
-            path = "/" + "/".join(parts)
-            for name, suffix in ((parts[-1] + ".py", path + ".py"), ("__init__.py", path + "/__init__.py")):
-                for index in self.by_name.get(name, ()):
-                    if ("/" + _posix(self.keys[index])).endswith(suffix):
-                        found.add(index)
-        return [self.keys[index] for index in sorted(found)]
-
-
-def _posix(key: str) -> str:
-    return key if os.sep == "/" else Path(key).as_posix()
 
 
 def _read(path: str, size: int) -> bytes:
