@@ -13,7 +13,7 @@ from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.analysis.reach_records import Edge, TriggerCall
 from canary_instrument.rewrite.syntax.calls import call_pattern
 from canary_instrument.rewrite.syntax.nodes import char_column, plain_dotted
-from canary_instrument.rewrite.syntax.scopes import FunctionScope
+from canary_instrument.rewrite.syntax.scopes import FunctionScope, built_with_flag
 
 SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -66,10 +66,7 @@ class CallFacts:
         (Y such an object) holds its model runner."""
         while isinstance(value, (ast.IfExp, ast.BoolOp)):
             value = value.body if isinstance(value, ast.IfExp) else value.values[0]
-        if isinstance(value, ast.Call) and any(
-            k.arg == self.draft_flag and isinstance(k.value, ast.Constant) and k.value.value is True
-            for k in value.keywords
-        ):
+        if built_with_flag(value, self.draft_flag):
             self.flagged[cls].add(attribute)
             return
         dotted = plain_dotted(value)
