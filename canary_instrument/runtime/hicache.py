@@ -16,7 +16,6 @@ device pool, host indices and device indices. Method names only rank candidates.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from typing import Any, Callable, Optional
@@ -30,7 +29,7 @@ from canary_instrument.runtime.hicache_find import (  # noqa: F401 - the finding
     find_host_pools,
     host_transfers,
 )
-from canary_instrument.runtime.instance_wrap import remember, unbind
+from canary_instrument.runtime.instance_wrap import remember, unbind, wrap_call
 from canary_instrument.runtime.state import GROUP_FULL
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -176,26 +175,6 @@ def _apply_pending_frees(manager: Any) -> None:
     mark_freed(manager.state, freed[0] if len(freed) == 1 else torch.cat(freed))
 
 
-def _wrap(host_pool: Any, transfer: HostTransfer, after: Callable[[tuple, dict], None]) -> None:
-    """Replace ``host_pool.<transfer.name>`` (on the instance) by a call that runs it, then ``after``."""
-    original, owner = unbind(host_pool, transfer.name)
-    if getattr(original, _MARK, False):  # attached again (a second canary on the same engine): wrap the engine's
-        host_pool.__dict__.pop(transfer.name, None)
-        original, owner = unbind(host_pool, transfer.name)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs) if owner is None else original(owner(), *args, **kwargs)
-        after(args, kwargs)
-        return result
-
-    # The bound method's signature (not __wrapped__: that would hold the instance, a reference cycle), so the
-    # wrapped pool still reads as a host pool and a fault kind can wrap it again.
-    call.__signature__ = inspect.signature(getattr(host_pool, transfer.name))
-    setattr(call, _MARK, True)
-    remember(call, original, owner)
-    setattr(host_pool, transfer.name, call)
-
-
 def unwrap(host_pool: Any) -> None:
     """Undo ``attach_hicache`` on one host pool (tests, and engines that rebuild their cache)."""
     for name in BACKUP_NAMES + LOAD_NAMES:
@@ -237,22 +216,23 @@ def attach_host_pool(host_pool: Any) -> list:
             pools += list(getattr(owner, "mtp_draft_device_pools", ()))
         return [car for car in map(sidecar, pools) if car is not None]
 
-    def after_backup(args: tuple, kwargs: dict) -> None:
+    def after_backup(args: tuple, kwargs: dict, result: Any) -> Any:
         for car in cars(backup, args, kwargs):
             car.backup(backup.argument(args, kwargs, "host_indices"), backup.argument(args, kwargs, "device_indices"))
+        return result
 
-    def after_load(args: tuple, kwargs: dict) -> None:
+    def after_load(args: tuple, kwargs: dict, result: Any) -> Any:
         # Every layer's load moves the same slots: the rows follow once, with the first layer's copy.
-        if load.argument(args, kwargs, "layer_id") != 0:
-            return
-        for car in cars(load, args, kwargs):
-            car.load(load.argument(args, kwargs, "host_indices"), load.argument(args, kwargs, "device_indices"))
+        if load.argument(args, kwargs, "layer_id") == 0:
+            for car in cars(load, args, kwargs):
+                car.load(load.argument(args, kwargs, "host_indices"), load.argument(args, kwargs, "device_indices"))
+        return result
 
     # Made up front for the device pools the host pool names, so the sidecar exists before the first backup.
     for device_pool in (getattr(host_pool, "device_pool", None), *getattr(host_pool, "mtp_draft_device_pools", ())):
         sidecar(device_pool)
-    _wrap(host_pool, backup, after_backup)
-    _wrap(host_pool, load, after_load)
+    wrap_call(host_pool, backup.name, after_backup, _MARK)
+    wrap_call(host_pool, load.name, after_load, _MARK)
     host_pool.__dict__["kv_canary_sidecars"] = sidecars
     return list(sidecars.values())
 

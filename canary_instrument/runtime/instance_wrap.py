@@ -9,6 +9,8 @@ So the wrapper holds the method's function and a weak reference to the instance.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
 from typing import Any, Callable, Optional
 
@@ -43,3 +45,33 @@ def original(wrapper: Callable) -> Callable:
     if obj is None:
         raise ReferenceError("kv canary: the instance this wrapper was installed on is gone")
     return function.__get__(obj, type(obj))
+
+
+def wrap_call(obj: Any, name: str, after: Callable[[tuple, dict, Any], Any], mark: str, *,
+              replace_own: bool = True) -> bool:
+    """Replace ``obj.name`` on the instance by a call that runs it, then returns ``after(args, kwargs,
+    result)``; False where ``obj`` has no such callable. ``mark`` names the wrapping canary part: a method
+    it already wrapped (a canary installed again on the same engine) is unwrapped first with
+    ``replace_own``, refused otherwise. The call keeps the method's name, docs and signature (not
+    ``__wrapped__``: that would hold the instance, a reference cycle)."""
+    function, owner = unbind(obj, name)
+    if function is None:
+        return False
+    if getattr(function, mark, False):
+        if not replace_own:
+            raise ValueError(f"kv canary: {type(obj).__qualname__}.{name} is already wrapped ({mark})")
+        obj.__dict__.pop(name, None)
+        function, owner = unbind(obj, name)
+    signature = inspect.signature(getattr(obj, name))
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs) if owner is None else function(owner(), *args, **kwargs)
+        return after(args, kwargs, result)
+
+    functools.update_wrapper(call, function, updated=())
+    call.__dict__.pop("__wrapped__", None)
+    call.__signature__ = signature
+    setattr(call, mark, True)
+    remember(call, function, owner)
+    setattr(obj, name, call)
+    return True

@@ -19,10 +19,9 @@ req-pool allocation, is applied by ops at the entry of the next forward site ins
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional
 
-from canary_instrument.runtime.instance_wrap import remember, unbind
+from canary_instrument.runtime.instance_wrap import wrap_call
 from canary_instrument.runtime.state import FREED_POSITION, GROUP_FULL
 
 _MARK = "__kv_canary_request_side__"
@@ -44,6 +43,16 @@ class RequestSide:
         import torch
 
         self._slot_dtype = torch.int64
+
+    def after_alloc(self, args: tuple, kwargs: dict, rows: Any) -> Any:
+        """The wrapped row allocation's note (``instance_wrap.wrap_call``): its result is the rows."""
+        self.on_alloc(rows)
+        return rows
+
+    def after_free(self, args: tuple, kwargs: dict, result: Any) -> Any:
+        """The wrapped KV free's note: its first argument (``free_index``) is the slots."""
+        self.on_free(args[0] if args else kwargs.get("free_index"))
+        return result
 
     def on_alloc(self, rows: Any) -> None:
         if rows is None or self.state.identity is None:
@@ -129,41 +138,18 @@ def _host_to_device(values: list, device: Any) -> Any:
     return host.to(device)
 
 
-def _wrap(obj: Any, name: str, note: Any) -> bool:
-    """Replace ``obj.name`` (on the instance) by a call that runs it, then ``note(args, result)``."""
-    original, owner = unbind(obj, name)
-    if original is None:
-        return False
-    if getattr(original, _MARK, False):  # a canary reinstalled on the same engine: wrap the engine's own
-        obj.__dict__.pop(name, None)
-        original, owner = unbind(obj, name)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs) if owner is None else original(owner(), *args, **kwargs)
-        note(args, kwargs, result)
-        return result
-
-    functools.update_wrapper(call, original, updated=())
-    del call.__wrapped__
-    setattr(call, _MARK, True)
-    remember(call, original, owner)
-    setattr(obj, name, call)
-    return True
-
-
 def wrap_allocators(model_runner: Any, side: RequestSide) -> tuple[bool, bool]:
     """Wrap the req-pool row allocation and the KV free; returns (rows wrapped, free wrapped)."""
     pool = getattr(model_runner, "req_to_token_pool", None)
     rows_wrapped = False
     if pool is not None:
         name = "alloc_rows" if callable(getattr(pool, "alloc_rows", None)) else "alloc"
-        rows_wrapped = _wrap(pool, name, lambda args, kwargs, result: side.on_alloc(result))
+        rows_wrapped = wrap_call(pool, name, side.after_alloc, _MARK)
     allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
     allocator = getattr(allocator, "full_attn_allocator", None) or allocator
     free_wrapped = False
     if allocator is not None:
-        free_wrapped = _wrap(allocator, "free", lambda args, kwargs, result: side.on_free(
-            args[0] if args else kwargs.get("free_index")))
+        free_wrapped = wrap_call(allocator, "free", side.after_free, _MARK)
     return rows_wrapped, free_wrapped
 
 

@@ -26,12 +26,11 @@ captured with the forward's CUDA graph and re-reads the graph's static buffers a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any
 
 from canary_instrument.runtime.hashing import as_signed, mix64_int
-from canary_instrument.runtime.instance_wrap import remember, unbind
+from canary_instrument.runtime.instance_wrap import wrap_call
 from canary_instrument.runtime.plan import DECODE, EXTEND, forward_kind
 from canary_instrument.runtime.state import KERNEL_ORACLE, ORACLE
 
@@ -243,7 +242,7 @@ def install_token_oracle(model_runner: Any, manager: Any, settings: Any, server_
     oracle = TokenOracle(rows=int(state.req_to_token.shape[0]), device=manager.device, vocab=vocab,
                          seed=settings.token_oracle_seed, check=settings.token_oracle_check,
                          ring=state.ring, ring_count=state.ring_count, enabled=manager.enabled)
-    if not _wrap(model_runner, "sample", lambda args, kwargs, result: oracle.sample(
+    if not _wrap_refusing(model_runner, "sample", lambda args, kwargs, result: oracle.sample(
             args[1] if len(args) > 1 else kwargs.get("forward_batch"), result)):
         raise ValueError(
             f"kv canary: the token oracle needs {type(model_runner).__qualname__}.sample(logits_output, "
@@ -260,8 +259,8 @@ def install_token_oracle(model_runner: Any, manager: Any, settings: Any, server_
         return result
 
     if callable(getattr(pool, "alloc_rows", None)):  # rows handed out with no request start afresh
-        _wrap(pool, "alloc_rows", lambda args, kwargs, result: (oracle.note_rows(result), result)[1])
-    if not _wrap(pool, "alloc", on_alloc):
+        _wrap_refusing(pool, "alloc_rows", lambda args, kwargs, result: (oracle.note_rows(result), result)[1])
+    if not _wrap_refusing(pool, "alloc", on_alloc):
         raise ValueError(f"kv canary: the token oracle needs {type(pool).__qualname__}.alloc to wrap; it has none")
     manager.token_oracle = oracle
     return oracle
@@ -277,21 +276,6 @@ def vocab_size(model_runner: Any) -> int:
     return size
 
 
-def _wrap(obj: Any, name: str, after: Any) -> bool:
-    """Replace ``obj.name`` on the instance by a call that runs it, then returns ``after(args, kwargs, result)``."""
-    original, owner = unbind(obj, name)
-    if original is None:
-        return False
-    if getattr(original, _MARK, False):
-        raise ValueError(f"kv canary: {type(obj).__qualname__}.{name} is already wrapped by a token oracle")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs) if owner is None else original(owner(), *args, **kwargs)
-        return after(args, kwargs, result)
-
-    functools.update_wrapper(call, original, updated=())
-    call.__dict__.pop("__wrapped__", None)
-    setattr(call, _MARK, True)
-    remember(call, original, owner)
-    setattr(obj, name, call)
-    return True
+def _wrap_refusing(obj: Any, name: str, after: Any) -> bool:
+    """``wrap_call`` for the oracle: a second oracle on the same engine is refused, not stacked."""
+    return wrap_call(obj, name, after, _MARK, replace_own=False)
