@@ -247,11 +247,11 @@ def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
     assert {v.reasons for v in found} == {frozenset({"token"})}
 
 
-def test_a_draft_runner_without_a_target_has_no_token_check(dev, caplog):
+def test_a_draft_runner_without_a_target_has_no_token_check(dev, canary_log):
     args = server_args(speculative_num_steps=STEPS)
     draft = MiniRunner(args, device=dev, is_draft_worker=True)
     assert draft.canary_manager.state.target_rows is None
-    assert "found no target canary" in caplog.text
+    assert "found no target canary" in canary_log.text
 
 
 @pytest.mark.parametrize("topk", [2, 4])
