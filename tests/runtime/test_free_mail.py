@@ -20,7 +20,7 @@ def posted(box, tag):
     row = box[tag % ROWS].tolist()
     if row[0] != tag:
         return []
-    return [(row[1 + 2 * k], row[2 + 2 * k]) for k in range(PAIRS) if row[2 + 2 * k]]
+    return [(row[2 + 2 * k], row[3 + 2 * k]) for k in range(row[1])]
 
 
 def test_posts_fill_the_row_of_their_pass_then_refuse():
