@@ -158,17 +158,16 @@ def _apply_pending_frees(manager: Any) -> None:
     side = getattr(manager, "request_side", None) if manager is not None else None
     if side is None:
         return
-    posted = side.take_posted()  # before the mark kernel below, which would read the ones posted by address
     if side.offset:  # the frees in the device buffer (request_side.py): marked and emptied here instead
         manager.ops.mark_freed(manager.state)
         side.offset = 0
-    if not side.freed and not posted:
+    if not side.freed:
         return
     import torch
 
     from canary_instrument.runtime.request_side import mark_freed
 
-    freed, side.freed = side.freed + posted, []
+    freed, side.freed = side.freed, []
     if freed[0].is_cuda:
         # Made on the forward's stream, read on the load's: kept from reuse until the load's work is done.
         for slots in freed:

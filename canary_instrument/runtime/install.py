@@ -106,11 +106,6 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         process_group=find_process_group(model_runner),
     )
     manager.request_side = side
-    if side is not None and state.freed is not None and getattr(manager.ops, "name", None) == "triton":
-        from canary_instrument.runtime.free_mail import FreeMail, make_mailbox
-
-        state.free_mail = make_mailbox(device)  # before any graph capture: the mark kernel reads it there
-        side.attach_mail(FreeMail(state.free_mail), manager.steps, state.freed.get_device())
     register_kv_pool(pool, manager)  # a HiCache host pool attached later finds these rows by its device pool
     if settings.jitter_max_us:
         from canary_instrument.runtime.jitter import install_jitter

@@ -36,11 +36,6 @@ class RequestSide:
         self.freed: list = []  # device tensors of freed KV slots that did not fit state.freed (copies)
         self.offset = 0  # entries of state.freed appended since the last forward's entry
         self.pending = False
-        # The free mailbox (free_mail.py) and the manager's step state whose pass count tags its posts; None:
-        # every free is copied into state.freed.
-        self.mail: Any = None
-        self.steps: Any = None
-        self._device = -1
         # Views of state.freed's first n entries by n: a step's one free (the usual case) copies into a kept
         # view, so the note is one device op and no slicing on the host.
         self._head_views: dict = {}
@@ -68,26 +63,12 @@ class RequestSide:
             self.new_rows.extend(int(r) for r in rows)
         self.pending = bool(self.new_rows) or bool(self.freed)
 
-    def attach_mail(self, mail: Any, steps: Any, device_index: int) -> None:
-        """Post frees to ``mail`` (a ``free_mail.FreeMail``) under ``steps``' pass count where they qualify."""
-        self.mail, self.steps, self._device = mail, steps, device_index
-
     def on_free(self, free_index: Any) -> None:
         if free_index is None or not hasattr(free_index, "numel"):
             return
         n = free_index.numel()
         if n == 0:
             return
-        mail = self.mail
-        if mail is not None:
-            # By address: slots of their own (not a view of a buffer the engine writes again), on the mailbox's
-            # device, noted between sites (so after every pass launched so far and before the next).
-            steps = self.steps
-            if (steps.open is None and steps.init_finished and free_index.dtype is self._slot_dtype
-                    and free_index._base is None and free_index.is_contiguous()
-                    and free_index.get_device() == self._device
-                    and mail.post(steps.planned + 1, free_index, steps.published.passes)):
-                return
         buffer = self.state.freed
         if buffer is not None and self.offset + n <= buffer.shape[0]:
             if free_index.dim() != 1:
@@ -100,11 +81,6 @@ class RequestSide:
         else:
             self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
         self.pending = True
-
-    def take_posted(self) -> list:
-        """The frees posted by address for the next pass, taken back (their mailbox row emptied): for a caller
-        that marks them itself before that pass (HiCache's load)."""
-        return [] if self.mail is None else self.mail.take(self.steps.planned + 1)
 
     def _head(self, buffer: Any, n: int) -> Any:
         """``buffer[:n]``, kept for the next free of the same size (at most ``MAX_HEAD_VIEWS`` sizes)."""

@@ -169,8 +169,4 @@ class CanaryState:
     # no entry), appended by the host (runtime/request_side.py); each pre-forward op marks their FULL rows
     # freed and empties it first, inside the forward's graph when captured.
     freed: Optional["torch.Tensor"] = None
-    # Target with the KV free wrapped, on the Triton backend: int64 [free_mail.ROWS, free_mail.WORDS],
-    # host-visible (pinned on CUDA), the frees posted for a pass by address (runtime/free_mail.py); the
-    # pass's mark kernel reads its row. None: every free is copied into ``freed``.
-    free_mail: Optional["torch.Tensor"] = None
     extra: dict = field(default_factory=dict)

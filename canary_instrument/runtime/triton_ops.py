@@ -18,7 +18,7 @@ import triton
 
 from ..codegen.linemap import annotate
 from ..codegen.specs import PARTIAL_WORDS, Spec, spec_for
-from . import free_mail, layers
+from . import layers
 from .state import GROUP_FULL, CanaryGroup, CanaryState, PlanInputs
 
 
@@ -166,18 +166,13 @@ class TritonCanaryOps:
         self._launch("canary_pre_forward", state, plan, [input_ids], spec)
 
     def mark_freed(self, state: CanaryState, spec: Spec | None = None) -> None:
-        """The allocator's frees noted since the last pass (``CanaryState.freed``, and those posted for this pass
-        in ``CanaryState.free_mail``), marked before it: inside the forward's graph when captured, so a replay
-        marks them with no host work."""
+        """The allocator's frees noted since the last pass (``CanaryState.freed``), marked before it: inside the
+        forward's graph when captured, so a replay marks them with no host work."""
         module = load_kernel_module(spec or state_spec(state), self.kernel_dir)
         full = [g.rows for g in state.groups if g.group == GROUP_FULL]
         capacity = state.freed.shape[0]
-        mail = state.free_mail
         module.canary_mark_freed[(triton.cdiv(capacity, MARK_BLOCK),)](
-            state.freed, capacity, full[0].shape[0], state.freed if mail is None else mail,
-            state.freed if state.counters is None else state.counters, *full, BLOCK=MARK_BLOCK,
-            MAIL=mail is not None and state.counters is not None, MAIL_ROWS=free_mail.ROWS,
-            MAIL_WORDS=free_mail.WORDS, MAIL_PAIRS=free_mail.PAIRS)
+            state.freed, capacity, full[0].shape[0], *full, BLOCK=MARK_BLOCK)
 
     def post_forward(self, state: CanaryState, plan: PlanInputs) -> None:
         self._launch("canary_post_forward", state, plan, [])

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from canary_instrument.runtime import reference
-from canary_instrument.runtime.free_mail import FreeMail, make_mailbox
 from canary_instrument.runtime.state import (
     FREED,
     FREED_POSITION,
@@ -140,28 +139,6 @@ def test_slots_in_the_freed_buffer_are_marked_before_the_pass(device, layout, v_
     sc, _ = run_both(sc, _ops())
     assert set(reasons_at(sc.state, FREED)) == {(d.pool_index, 5)}
     assert int(sc.state.freed.count_nonzero()) == 0  # emptied for the next frees
-
-
-@pytest.mark.parametrize("layout,v_half", LAYOUTS)
-def test_frees_posted_by_address_are_marked_by_the_pass_they_are_posted_for(device, layout, v_half):
-    """The free mailbox (runtime/free_mail.py): slots posted for the next pass are marked by its mark kernel
-    as copied ones are (an empty and an out-of-range entry dropped); slots posted for the pass after it wait
-    for that one."""
-    sc = request_side_scenario(layout, v_half, device=device)
-    d, e = sc.requests[3], sc.requests[2]
-    full_rows = sc.state.groups[0].rows.shape[0]
-    sc.state.freed = torch.zeros(16, dtype=torch.int64, device=device)
-    sc.state.free_mail = make_mailbox(device)
-    mail = FreeMail(sc.state.free_mail)
-    done = int(sc.state.counters[1])
-    assert mail.post(done + 1, torch.tensor([d.full_slots[5], 0, full_rows + 3], device=device), done)
-    assert mail.post(done + 2, torch.tensor([e.full_slots[3]], device=device), done)
-    ops = _ops()
-    ops.pre_forward(sc.state, sc.plan, sc.input_ids)
-    assert set(reasons_at(sc.state, FREED)) == {(d.pool_index, 5)}
-    ops.post_forward(sc.state, sc.plan)
-    ops.pre_forward(sc.state, sc.plan, sc.input_ids)
-    assert (e.pool_index, 3) in reasons_at(sc.state, FREED)
 
 
 def test_plan_with_identity_off_reports_no_identity_violation():
