@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
 from canary_instrument.rewrite.analysis.shapes import function_model_runner
@@ -41,7 +42,13 @@ def expand(hook: Hook, runner: str, value: str = "") -> str:
 
 
 def hook_callee(hook: Hook) -> str | None:
-    node = ast.parse(expand(hook, "self", "self.value")).body[0]
+    return _callee(hook.statement)
+
+
+@lru_cache(maxsize=None)
+def _callee(statement: str) -> str | None:
+    """The function a hook statement calls (asked for each hook of each file: parsed once)."""
+    node = ast.parse(statement.replace("{model_runner}", "self").replace("{value}", "self.value")).body[0]
     value = node.value
     return last_name(value.func) if isinstance(value, ast.Call) else None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
 from canary_instrument.rewrite.syntax.nodes import dotted_name, parameters
@@ -45,6 +46,31 @@ def may_name(text: str | None, patterns) -> bool:
     return any(all(part in text for part in _fragments(pattern)) for pattern in patterns)
 
 
+# Between the tokens of an attribute chain the tokenizer allows blanks, line continuations, comments
+# (inside brackets) and, after a name, the closing parenthesis of `(self).a`. A comment runs to its
+# line's end: matched only so, a run of `#` cannot be split in exponentially many ways.
+_COMMENT = r"#[^\n]*(?![^\n])"
+_BEFORE_DOT = rf"(?:[\s\\)]|{_COMMENT})*\.(?:[\s\\]|{_COMMENT})*"
+
+
+@lru_cache(maxsize=None)
+def _chain_regex(chain: str) -> re.Pattern:
+    # Literal first, the identifier boundary before it checked behind it: a pattern that starts with
+    # an assertion is tried at every position of the text.
+    head, *rest = map(re.escape, chain.split("."))
+    return re.compile(head + rf"(?<!\w{head})" + "".join(_BEFORE_DOT + part for part in rest) + r"(?!\w)")
+
+
+def may_spell_chain(text: str | None, chain: str) -> bool:
+    """False when `text` (source code) cannot hold the attribute chain `chain` (`self.model_runner`),
+    however its tokens are spaced: a class that never spells it cannot read it. True when unsure."""
+    if text is None:
+        return True
+    if not all(part.isidentifier() for part in chain.split(".")):
+        return may_name(text, [chain])
+    return _chain_regex(chain).search(text) is not None
+
+
 class ClassFacts(ClassScope):
     """What the finders ask about a class: whether it reaches a manager's owner, holds or is a model
     runner, answered from its syntax facts. A question about names the class's `text` never spells is
@@ -56,7 +82,7 @@ class ClassFacts(ClassScope):
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""
         if owner == "self":
             return True
-        if not may_name(self.text, [owner]):
+        if not may_spell_chain(self.text, owner):
             return False
         return any(ref == owner or ref.startswith(owner + ".") for ref in self.refs)
 
