@@ -41,7 +41,7 @@ class _FactsBuilder(CallFacts):
         self.lines = lines
         self.spans = list(spans)
         self.brackets = catalog.placeholder_names
-        self.triggers, self.kv_methods = matchers(catalog)
+        self.triggers, self.kv_methods, self.memo = matchers(catalog)
         self.kv = catalog.kv_forward
         self.imports: dict[str, str] = {}
         self.top_names: set[str] = set()  # functions and classes defined at module level
