@@ -161,7 +161,7 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
 
 def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
                  classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
-                 handed: set[str] | None = None) -> list[HookMatch]:
+                 handed: set[str] | None = None, lines: list[str] | None = None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
     lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
     classes and `functions_of(tree)`, when the caller has listed them)."""
@@ -171,7 +171,7 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
     present = recognise(tree, catalog, imports, facts, functions, site_managers) if _may_hold_hook(catalog, text) else {}
     module = module_functions(tree)
-    calls = CallIndex()
+    calls = CallIndex(lines)
     # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:

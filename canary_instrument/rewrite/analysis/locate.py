@@ -165,7 +165,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     _add_hinted(result, posix, classes, catalog, facts)
     result.hooks = locate_hooks(
         tree, catalog, imports, facts, text, classes=classes, functions=functions, sites=result.sites,
-        handed=result.handed,
+        handed=result.handed, lines=lines,
     )
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):

@@ -150,6 +150,12 @@ def parameters(function) -> list[ast.arg]:
     return found
 
 
+def first_line(stmt: ast.stmt) -> int:
+    """A statement's first line, its decorators' included."""
+    decorators = getattr(stmt, "decorator_list", None)
+    return min(stmt.lineno, *(d.lineno for d in decorators)) if decorators else stmt.lineno
+
+
 def first_statement(function) -> ast.stmt:
     """The first statement after the docstring (the docstring itself when the body is only that)."""
     body = function.body

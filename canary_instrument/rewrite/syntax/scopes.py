@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, refs_and_calls, walk
+from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, first_line, refs_and_calls, walk
 
 
 class ClassScope:
@@ -36,7 +36,7 @@ class ClassScope:
         lines = self.lines
         if lines is None:
             return list(stmts)
-        return [stmt for stmt in stmts if test("".join(lines[_first_line(stmt) - 1 : stmt.end_lineno]))]
+        return [stmt for stmt in stmts if test("".join(lines[first_line(stmt) - 1 : stmt.end_lineno]))]
 
     def refs_and_calls_where(self, test) -> tuple[set[str], list[str]]:
         """`refs` and `calls` of the statements that pass `test` (`spelling`): what they hold of the
@@ -79,12 +79,6 @@ def _assignments(functions) -> list[ast.Assign | ast.AnnAssign]:
         node for function in functions for node in walk(function)
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
     ]
-
-
-def _first_line(stmt: ast.stmt) -> int:
-    """A statement's first line, its decorators' included."""
-    decorators = getattr(stmt, "decorator_list", None)
-    return min(stmt.lineno, *(d.lineno for d in decorators)) if decorators else stmt.lineno
 
 
 def built_with_flag(value: ast.AST, flag: str) -> bool:
