@@ -127,7 +127,7 @@ class CallIndex:
             return True
         text = self._texts.get(id(function))
         if text is None:
-            text = self._texts[id(function)] = "".join(self._lines[first_line(function) - 1 : function.end_lineno])
+            text = self._texts[id(function)] = "\n".join(self._lines[first_line(function) - 1 : function.end_lineno])
         return may_name(text, patterns)
 
     def __call__(self, function) -> list[ast.Call]:

@@ -131,7 +131,7 @@ class _Facts:
         facts = self._facts.get(id(cls))
         if facts is None:
             lines = self._lines
-            text = "".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
+            text = "\n".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
             facts = self._facts[id(cls)] = ClassFacts(cls, text, lines)
         return facts
 
@@ -183,7 +183,9 @@ def _lines_naming(lines: list[str], words, text: str) -> list[int]:
     for word in words:
         at = text.find(word)
         while at >= 0:
-            found.add(bisect_right(starts, at) + 1)
+            number = bisect_right(starts, at) + 1
+            if word in lines[number - 1]:  # not one glued from two lines' ends
+                found.add(number)
             at = text.find(word, at + 1)
     return sorted(found)
 

@@ -36,7 +36,7 @@ class ClassScope:
         lines = self.lines
         if lines is None:
             return list(stmts)
-        return [stmt for stmt in stmts if test("".join(lines[first_line(stmt) - 1 : stmt.end_lineno]))]
+        return [stmt for stmt in stmts if test("\n".join(lines[first_line(stmt) - 1 : stmt.end_lineno]))]
 
     def refs_and_calls_where(self, test) -> tuple[set[str], list[str]]:
         """`refs` and `calls` of the statements that pass `test` (`spelling`): what they hold of the
