@@ -27,7 +27,7 @@ from canary_instrument.rewrite.analysis.reach_records import (
     site_spans,
 )
 from canary_instrument.rewrite.syntax.imports import bindings
-from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted
+from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted, statements
 from canary_instrument.rewrite.syntax.scopes import FunctionScope
 
 __all__ = ["MODULE", "ClassRecord", "DefFacts", "Edge", "ReachFacts", "TriggerCall", "reach_facts", "site_spans"]
@@ -119,6 +119,7 @@ class _FactsBuilder(CallFacts):
             if isinstance(stmt, SCOPE_NODES):
                 self.top_names.add(stmt.name)
         self.collect_imports(tree)
+        self.bound = self.top_names | _names_bound(tree)
         module = FunctionScope(MODULE, None, 1, None)
         self.walk_block(tree.body, module, None)
         self.finish(module)
@@ -162,12 +163,12 @@ class _FactsBuilder(CallFacts):
         recursion, which on a large file is most of what the facts cost."""
         stack = [root]
         pop, append, extend = stack.pop, stack.append, stack.extend
-        refs, spans, site_at, get = scope.refs, self.spans, self.site_at, _KINDS.get
+        refs, spans, site_at, get, bound = scope.refs, self.spans, self.site_at, _KINDS.get, self.bound
         while stack:
             node = pop()
             kind = type(node)
-            if kind is _Name:  # the most frequent node, a leaf
-                if type(node.ctx) is _Load:
+            if kind is _Name:  # the most frequent node, a leaf; only a name a def or import binds can name a function
+                if node.id in bound and type(node.ctx) is _Load:
                     key = (node.id, site_at(node) if spans else None)
                     if key not in refs:
                         refs[key] = node.lineno
@@ -344,6 +345,19 @@ def _kind(kind: type) -> tuple[int | None, tuple[str, ...]]:
     fields = () if kind in _LEAVES else tuple(f for f in kind._fields if f not in _SKIPPED_FIELDS)
     entry = _KINDS[kind] = (_SPECIAL.get(kind), fields[::-1])
     return entry
+
+
+def _names_bound(tree: ast.Module) -> set[str]:
+    """Every name a `def` or an import binds anywhere in the file: what a name read can resolve to
+    (`name_target`: a nested function, an import, a top-level definition), and more."""
+    found = set()
+    for node in statements(tree):
+        kind = type(node)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            found.add(node.name)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            found.update(alias.asname or alias.name.partition(".")[0] for alias in node.names)
+    return found
 
 
 def reach_facts(path: Path, tree: ast.Module, lines: list[str], spans, catalog: Catalog) -> ReachFacts:
