@@ -323,7 +323,7 @@ class CallGraph:
         # What a call resolves to depends on the caller only through its file and class, and for a
         # qualified name or a receiver that is not `self`'s not at all (`_resolve`).
         kind = target[0]
-        if self.missing is None and (method := target_method(target)) is not None and method not in self.methods_by_name:
+        if self.missing is None and (name := target_method(target)) is not None and name not in self.methods_by_name:
             return []  # no analysed class has a method of that name (a caller search, `missing`, follows every call)
         if kind in _CALLER_FREE or (kind == "attr" and not target[3]):
             memo = (target, call)

@@ -164,12 +164,14 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
                  handed: set[str] | None = None, lines: list[str] | None = None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
     lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
-    classes and `functions_of(tree)`, when the caller has listed them)."""
+    classes and `functions_of(tree)`, when the caller has listed them; `lines`: the file's lines, which let
+    a function that cannot name the calls a hook looks for go unwalked)."""
     site_managers: dict[int, dict] = {}
     for site in sites:
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
-    present = recognise(tree, catalog, imports, facts, functions, site_managers) if _may_hold_hook(catalog, text) else {}
+    present = (recognise(tree, catalog, imports, facts, functions, site_managers)
+               if _may_hold_hook(catalog, text) else {})
     module = module_functions(tree)
     calls = CallIndex(lines)
     # classes listed once per file, not per hook: walking a large module costs more than a hook's search
