@@ -137,6 +137,9 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
             click.echo(str(item))
         if diagnostics:
             click.echo("Found " + _summary_counts(result) + f" ({result.files_seen} files, {result.files_analysed} analysed).")
+    # The interpreter's exit runs one last collection, collector off or not, over every object the
+    # run left (the reports, the call graph): frozen, they are skipped; the process ends here.
+    gc.freeze()
     sys.exit(result.exit_code)
 
 

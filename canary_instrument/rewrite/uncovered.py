@@ -18,6 +18,7 @@ from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.syntax.naming import receiver_fits
 from canary_instrument.rewrite.analysis.reach import MODULE, ReachFacts, TriggerCall
+from canary_instrument.rewrite.analysis.reach_records import target_method
 from canary_instrument.rewrite.rules import ci301_uncovered_forward
 
 # How far above a trigger the caller search looks for callers of an entry point (a function no
@@ -96,7 +97,7 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
     graph.bases_wanted = True
     for key, fn in graph.defs.items():
         for edge in fn.edges:
-            classes = owners.get(_method_name(edge.target))
+            classes = owners.get(target_method(edge.target))
             if classes and any(receiver_fits(_receiver_word(edge.target), c) for c in classes):
                 graph.resolve(key, edge.target, edge.call)
     graph.bases_wanted = False
@@ -124,16 +125,6 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
             # otherwise count as an entry point (each name searched costs a pass over the tree).
             wanted.add(("call", name, cls))
     return wanted
-
-
-def _method_name(target: tuple) -> str | None:
-    """The method a call target names (`reach`'s target kinds), None for a qualified name or nested function."""
-    kind = target[0]
-    if kind in ("self", "super", "name"):
-        return target[1]
-    if kind in ("attr", "var", "typed", "ret"):
-        return target[2]
-    return None
 
 
 def _receiver_word(target: tuple) -> str | None:

@@ -1,13 +1,12 @@
 """Join the reach facts of many files into one call graph: calls resolved between files by what the code shows.
 
-A call goes to a method on `self` (the class, its bases in the tree, and overrides in its
-subclasses), a plain or imported function, a nested function, or a method of the classes its
-receiver holds: what an annotation or a constructor call names, what a called function returns
-(its returned value, else its return annotation), an attribute of such an object (a class's own
-assignments first, then the annotations and constructor calls the tree gives that attribute name).
-A class so given reaches its own (or inherited) method and its subclasses' overrides, ranked by the
-receiver's name (`naming.receiver_fits`). A name never decides alone: a receiver nothing types, or typed
-only with classes outside the tree (torch, the standard library), reaches nothing.
+A call goes to a method on `self` (the class, its bases in the tree, and overrides in its subclasses), a plain
+or imported function, a nested function, or a method of the classes its receiver holds: what an annotation or a
+constructor call names, what a called function returns (its returned value, else its return annotation), an
+attribute of such an object (a class's own assignments first, then the annotations and constructor calls the
+tree gives that attribute name). A class so given reaches its own (or inherited) method and its subclasses'
+overrides, ranked by the receiver's name (`naming.receiver_fits`). A name never decides alone: a receiver
+nothing types, or typed only with classes outside the tree (torch, the standard library), reaches nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from canary_instrument.rewrite.analysis.modules import module_score
-from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts
+from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts, target_method
 from canary_instrument.rewrite.syntax.naming import receiver_fits
 
 DefKey = tuple[int, str]  # (file index, function qualname)
@@ -324,6 +323,8 @@ class CallGraph:
         # What a call resolves to depends on the caller only through its file and class, and for a
         # qualified name or a receiver that is not `self`'s not at all (`_resolve`).
         kind = target[0]
+        if self.missing is None and (name := target_method(target)) is not None and name not in self.methods_by_name:
+            return []  # no analysed class has a method of that name (a caller search, `missing`, follows every call)
         if kind in _CALLER_FREE or (kind == "attr" and not target[3]):
             memo = (target, call)
         else:
@@ -392,7 +393,6 @@ class CallGraph:
 
 class _Resolved(list):
     """Methods a call may run, with those that are only subclasses' overrides marked."""
-
     overrides: frozenset = frozenset()
 
 

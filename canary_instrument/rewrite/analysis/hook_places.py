@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.analysis.shapes import function_model_runner
+from canary_instrument.rewrite.analysis.shapes import function_model_runner, may_name
 from canary_instrument.rewrite.handwritten import last_name
 from canary_instrument.rewrite.syntax.blocks import top_statement, walk_blocks
 from canary_instrument.rewrite.syntax.calls import calls_matcher
@@ -17,6 +18,7 @@ from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import (
     FUNCTIONS,
     dotted_name,
+    first_line,
     first_statement,
     iter_calls,
     parameters,
@@ -41,7 +43,13 @@ def expand(hook: Hook, runner: str, value: str = "") -> str:
 
 
 def hook_callee(hook: Hook) -> str | None:
-    node = ast.parse(expand(hook, "self", "self.value")).body[0]
+    return _callee(hook.statement)
+
+
+@lru_cache(maxsize=None)
+def _callee(statement: str) -> str | None:
+    """The function a hook statement calls (asked for each hook of each file: parsed once)."""
+    node = ast.parse(statement.replace("{model_runner}", "self").replace("{value}", "self.value")).body[0]
     value = node.value
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
@@ -104,11 +112,23 @@ def _calls_in(function):
 
 class CallIndex:
     """The calls each function of a file runs (`iter_calls` of its statements, in that order), listed
-    once per file: every hook asks about the same functions."""
+    once per file: every hook asks about the same functions. Given the file's lines, a function
+    whose text cannot name what is asked for is not walked."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: list[str] | None = None) -> None:
         self._calls: dict[int, list[ast.Call]] = {}
         self._matching: dict[tuple, list[ast.Call]] = {}
+        self._lines = lines
+        self._texts: dict[int, str] = {}
+
+    def may_name(self, function, patterns) -> bool:
+        """False when the function's lines hold no name matching `patterns` (`shapes.may_name`)."""
+        if self._lines is None:
+            return True
+        text = self._texts.get(id(function))
+        if text is None:
+            text = self._texts[id(function)] = "\n".join(self._lines[first_line(function) - 1 : function.end_lineno])
+        return may_name(text, patterns)
 
     def __call__(self, function) -> list[ast.Call]:
         calls = self._calls.get(id(function))
@@ -120,6 +140,8 @@ class CallIndex:
         """The calls of `function` whose dotted name matches one of the catalog call `patterns`."""
         key = (id(function), tuple(patterns))
         found = self._matching.get(key)
+        if found is None and not self.may_name(function, key[1]):
+            found = self._matching[key] = []
         if found is None:
             matcher = calls_matcher(key[1])
             found = self._matching[key] = [
@@ -313,7 +335,7 @@ def place_after_assign(hook: Hook, scope: _HookScope, module: dict, calls: CallI
 def _caller(function, scope: _HookScope, module: dict, calls: CallIndex):
     """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
     for other in scope.functions:
-        if other is function:
+        if other is function or not calls.may_name(other, (function.name,)):
             continue
         for call in calls(other):
             # The name test first: resolving every call of a large class is most of the search.

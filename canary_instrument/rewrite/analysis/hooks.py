@@ -36,7 +36,7 @@ from canary_instrument.rewrite.analysis.hook_places import (
     place_after_assign,
     place_after_capture,
 )
-from canary_instrument.rewrite.handwritten import HandHook, parse_hook
+from canary_instrument.rewrite.handwritten import MANAGER_ATTRIBUTE, HandHook, parse_hook
 from canary_instrument.rewrite.syntax.blocks import walk_blocks
 from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import dotted_name, functions_of, statements
@@ -142,6 +142,15 @@ def _generated_role(stmt, hooks, spelled: dict, catalog: Catalog) -> str:
     return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
 
 
+def _may_hold_hook(catalog: Catalog, text: str | None) -> bool:
+    """False when the file's text names neither a hook's callee (a generated hook calls it) nor the
+    manager attribute (a hand-written hook reads it): then `recognise` finds nothing."""
+    if text is None:
+        return True
+    return MANAGER_ATTRIBUTE in text or any(
+        callee in text for hook in catalog.hooks if (callee := hook_callee(hook)) is not None)
+
+
 def _may_have_place(hook: Hook, text: str | None) -> bool:
     """False when the file's text holds none of the names a place of `hook` needs (an assigned attribute, or
     every literal part of an after-call pattern): then no scope of it can hold a place."""
@@ -152,17 +161,19 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
 
 def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
                  classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
-                 handed: set[str] | None = None) -> list[HookMatch]:
+                 handed: set[str] | None = None, lines: list[str] | None = None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
     lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
-    classes and `functions_of(tree)`, when the caller has listed them)."""
+    classes and `functions_of(tree)`, when the caller has listed them; `lines`: the file's lines, which let
+    a function that cannot name the calls a hook looks for go unwalked)."""
     site_managers: dict[int, dict] = {}
     for site in sites:
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
-    present = recognise(tree, catalog, imports, facts, functions, site_managers)
+    present = (recognise(tree, catalog, imports, facts, functions, site_managers)
+               if _may_hold_hook(catalog, text) else {})
     module = module_functions(tree)
-    calls = CallIndex()
+    calls = CallIndex(lines)
     # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:

@@ -14,7 +14,8 @@ yet, the catalog's location hints say where scaffold puts them.
 from __future__ import annotations
 
 import ast
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog, Site, call_matches
@@ -130,8 +131,8 @@ class _Facts:
         facts = self._facts.get(id(cls))
         if facts is None:
             lines = self._lines
-            text = "".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
-            facts = self._facts[id(cls)] = ClassFacts(cls, text)
+            text = "\n".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
+            facts = self._facts[id(cls)] = ClassFacts(cls, text, lines)
         return facts
 
 
@@ -155,7 +156,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     found: list[SiteMatch] = []
     # Sites and stray canary code are canary-named: only a function whose lines name one can hold any.
     if text is None or "canary" in text or any(name in text for name in names):
-        marked = None if lines is None else _lines_naming(lines, ("canary", *names))
+        marked = None if lines is None else _lines_naming(lines, ("canary", *names), text)
         for cls, function in functions:
             if marked is None or _spans_any(marked, function):
                 found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
@@ -164,7 +165,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     _add_hinted(result, posix, classes, catalog, facts)
     result.hooks = locate_hooks(
         tree, catalog, imports, facts, text, classes=classes, functions=functions, sites=result.sites,
-        handed=result.handed,
+        handed=result.handed, lines=lines,
     )
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
@@ -173,10 +174,20 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     return result
 
 
-def _lines_naming(lines: list[str], words) -> list[int]:
-    """The (1-based) numbers of the lines that hold one of `words`."""
+def _lines_naming(lines: list[str], words, text: str) -> list[int]:
+    """The (1-based) numbers of the lines that hold one of `words` (`text`: the lines joined), found by
+    searching the text for each word rather than each line for every word."""
     words = [w for w in words if not any(other in w for other in words if other != w)]  # `canary` covers `canary_ctx`
-    return [number for number, line in enumerate(lines, 1) if any(word in line for word in words)]
+    starts = list(accumulate(map(len, lines)))  # where each line's successor starts
+    found = set()
+    for word in words:
+        at = text.find(word)
+        while at >= 0:
+            number = bisect_right(starts, at) + 1
+            if word in lines[number - 1]:  # not one glued from two lines' ends
+                found.add(number)
+            at = text.find(word, at + 1)
+    return sorted(found)
 
 
 def _spans_any(numbers: list[int], function) -> bool:

@@ -27,7 +27,7 @@ from canary_instrument.rewrite.analysis.reach_records import (
     site_spans,
 )
 from canary_instrument.rewrite.syntax.imports import bindings
-from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted
+from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT, SCALAR_FIELDS, plain_dotted, statements
 from canary_instrument.rewrite.syntax.scopes import FunctionScope
 
 __all__ = ["MODULE", "ClassRecord", "DefFacts", "Edge", "ReachFacts", "TriggerCall", "reach_facts", "site_spans"]
@@ -41,7 +41,7 @@ class _FactsBuilder(CallFacts):
         self.lines = lines
         self.spans = list(spans)
         self.brackets = catalog.placeholder_names
-        self.triggers, self.kv_methods = matchers(catalog)
+        self.triggers, self.kv_methods, self.memo = matchers(catalog)
         self.kv = catalog.kv_forward
         self.imports: dict[str, str] = {}
         self.top_names: set[str] = set()  # functions and classes defined at module level
@@ -119,6 +119,7 @@ class _FactsBuilder(CallFacts):
             if isinstance(stmt, SCOPE_NODES):
                 self.top_names.add(stmt.name)
         self.collect_imports(tree)
+        self.bound = self.top_names | _names_bound(tree)
         module = FunctionScope(MODULE, None, 1, None)
         self.walk_block(tree.body, module, None)
         self.finish(module)
@@ -162,25 +163,31 @@ class _FactsBuilder(CallFacts):
         recursion, which on a large file is most of what the facts cost."""
         stack = [root]
         pop, append, extend = stack.pop, stack.append, stack.extend
+        refs, spans, site_at, get, bound = scope.refs, self.spans, self.site_at, _KINDS.get, self.bound
         while stack:
             node = pop()
             kind = type(node)
-            special = _SPECIAL.get(kind)
+            if kind is _Name:  # the most frequent node, a leaf; only a name a def or import binds can name a function
+                if node.id in bound and type(node.ctx) is _Load:
+                    key = (node.id, site_at(node) if spans else None)
+                    if key not in refs:
+                        refs[key] = node.lineno
+                continue
+            entry = get(kind)
+            if entry is None:
+                if node is None:
+                    continue  # a dict display's `**mapping` key
+                entry = _kind(kind)
+            special, fields = entry
             if special is not None:
                 if special is _CALL:
                     self.call(node, scope)
-                elif special is _NAME:
-                    if type(node.ctx) is _Load:
-                        key = (node.id, self.site_at(node) if self.spans else None)
-                        if key not in scope.refs:
-                            scope.refs[key] = node.lineno
-                    continue
                 elif special is _ATTRIBUTE:
                     value = node.value
                     if type(node.ctx) is _Load and type(value) is _Name and value.id == "self":
                         # `self.method` read without a call: a bound method passed on or stored.
                         target = ("self", node.attr)
-                        site = self.site_at(node) if self.spans else None
+                        site = site_at(node) if spans else None
                         if (target, site) not in scope.edges:
                             scope.edges[(target, site)] = Edge(target, node.lineno, site, call=False)
                         continue
@@ -206,13 +213,7 @@ class _FactsBuilder(CallFacts):
                     while isinstance(value, ast.Subscript):
                         value = value.value  # `return self.runners[step]`: an element of what `runners` holds
                     scope.returned = self.value_types(value, scope)
-            elif node is None:
-                continue  # a dict display's `**mapping` key
             # Children pushed last field first, each list backwards, so that they pop in source order.
-            fields = _RFIELDS.get(kind)
-            if fields is None:
-                _fields(kind)
-                fields = _RFIELDS[kind]
             for name in fields:
                 value = getattr(node, name, None)
                 if type(value) is list:
@@ -324,28 +325,39 @@ class _FactsBuilder(CallFacts):
 
 
 # The node kinds the walk treats apart from descending into their children.
-_CALL, _NAME, _ATTRIBUTE, _FUNCTION, _CLASS, _ASSIGN, _IMPORT, _WITH, _RETURN = range(9)
+_CALL, _ATTRIBUTE, _FUNCTION, _CLASS, _ASSIGN, _IMPORT, _WITH, _RETURN = range(8)
 _SPECIAL = {
-    ast.Call: _CALL, ast.Name: _NAME, ast.Attribute: _ATTRIBUTE, ast.FunctionDef: _FUNCTION,
+    ast.Call: _CALL, ast.Attribute: _ATTRIBUTE, ast.FunctionDef: _FUNCTION,
     ast.AsyncFunctionDef: _FUNCTION, ast.ClassDef: _CLASS, ast.Assign: _ASSIGN, ast.AnnAssign: _ASSIGN,
     ast.Import: _IMPORT, ast.ImportFrom: _IMPORT, ast.With: _WITH, ast.AsyncWith: _WITH, ast.Return: _RETURN,
-}
+}  # and ast.Name, tested first
 _AST, _Load, _Name = ast.AST, ast.Load, ast.Name
-# Fields the walk never descends into: annotations run no call; the rest never hold a node.
-_SKIPPED_FIELDS = SCALAR_FIELDS | {"annotation", "returns", "type_params"}
-_FIELDS: dict[type, tuple[str, ...]] = {ast.Constant: (), ast.Global: (), ast.Nonlocal: ()}  # (names: strings)
-_RFIELDS: dict[type, tuple[str, ...]] = {}  # the same, last first
+# Fields the walk never descends into: annotations run no call; operators (`op`, `ops`) are markers
+# with no fields; the rest never hold a node.
+_SKIPPED_FIELDS = SCALAR_FIELDS | {"annotation", "returns", "type_params", "op", "ops"}
+_LEAVES = (ast.Constant, ast.Global, ast.Nonlocal, getattr(ast, "MatchSingleton", ast.Constant))
+_KINDS: dict[type, tuple[int | None, tuple[str, ...]]] = {}  # kind -> (how it is treated, child fields last first)
 
 
-def _fields(kind: type) -> tuple[str, ...]:
-    """The child fields the walk visits: not `ctx` (Load/Store) nor annotations, which run no call."""
-    fields = _FIELDS.get(kind)
-    if fields is None:
-        fields = _FIELDS[kind] = tuple(f for f in kind._fields if f not in _SKIPPED_FIELDS)
-    _RFIELDS.setdefault(kind, fields[::-1])
-    return fields
+def _kind(kind: type) -> tuple[int | None, tuple[str, ...]]:
+    """How the walk treats a node kind: its special treatment (None: none) and the child fields it
+    visits, last first: not `ctx` (Load/Store), annotations or operators."""
+    fields = () if kind in _LEAVES else tuple(f for f in kind._fields if f not in _SKIPPED_FIELDS)
+    entry = _KINDS[kind] = (_SPECIAL.get(kind), fields[::-1])
+    return entry
 
 
+def _names_bound(tree: ast.Module) -> set[str]:
+    """Every name a `def` or an import binds anywhere in the file: what a name read can resolve to
+    (`name_target`: a nested function, an import, a top-level definition), and more."""
+    found = set()
+    for node in statements(tree):
+        kind = type(node)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            found.add(node.name)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            found.update(alias.asname or alias.name.partition(".")[0] for alias in node.names)
+    return found
 
 
 def reach_facts(path: Path, tree: ast.Module, lines: list[str], spans, catalog: Catalog) -> ReachFacts:

@@ -21,6 +21,21 @@ SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 class CallFacts:
     """Statements and calls of the function scope being reduced (the builder's second half)."""
 
+    def trigger_of(self, dotted: str):
+        """The catalog trigger a call's dotted name matches, or None (a name met again is not matched again)."""
+        known = self.memo.get(dotted, _UNKNOWN)
+        if known is _UNKNOWN:
+            match = self.triggers[0].match(dotted)
+            known = self.memo[dotted] = self.triggers[1][match.lastgroup] if match is not None else None
+        return known
+
+    def kv_method(self, final: str) -> bool:
+        """Whether a method name is one of the catalog's KV-reading forwards (by shape)."""
+        known = self.memo.get((final,))
+        if known is None:
+            known = self.memo[(final,)] = self.kv_methods.match(final) is not None
+        return known
+
     def assign(self, targets, value, annotation, scope: FunctionScope, cls: str | None) -> None:
         types = self.annotation_types(annotation)
         sources: tuple = tuple(("q", t) for t in types)
@@ -162,8 +177,8 @@ class CallFacts:
             dotted = alias[1]
         final = dotted.rpartition(".")[2] if dotted else None
         trigger = None
-        if dotted is not None and (match := self.triggers[0].match(dotted)) is not None:
-            trigger = self.triggers[1][match.lastgroup]
+        if dotted is not None:
+            trigger = self.trigger_of(dotted)
         # A KV-reading forward is where a path ends: its callee (the model) is not followed.
         if target is not None and (target, site) not in scope.edges and (trigger is None or trigger.kind != "forward"):
             scope.edges[(target, site)] = Edge(target, node.lineno, site)
@@ -171,7 +186,7 @@ class CallFacts:
         if owner is not None and dotted is not None:
             if final in self.model_calls and dotted == f"self.{final}":
                 self.class_calls_seen.add(owner)
-            if trigger is None and dotted.startswith("self.") and final is not None and self.kv_methods.match(final):
+            if trigger is None and dotted.startswith("self.") and final is not None and self.kv_method(final):
                 self.pending[owner].append((scope.qualname, dotted, node.lineno, self.column(node), site))
         if trigger is not None:
             if trigger.kind == "forward":
@@ -185,7 +200,7 @@ class CallFacts:
                 dotted, trigger.kind, trigger.what, node.lineno, self.column(node), site,
                 None if trigger.kind == "forward" else target, passed,
             ))
-        elif final is not None and not scope.kv and self.kv_methods.match(final):
+        elif final is not None and not scope.kv and self.kv_method(final):
             if self.takes_batch(node, scope):
                 scope.kv = True
 
@@ -209,13 +224,15 @@ class CallFacts:
 
 
 _MATCHERS: list = [None, None]  # [catalog, its matchers]: built once per catalog, not once per file
+_UNKNOWN = object()
 
 
-def matchers(catalog: Catalog) -> tuple[tuple[re.Pattern, dict[str, object]], re.Pattern]:
-    """The trigger matchers and the KV-forward method regex of `catalog`."""
+def matchers(catalog: Catalog) -> tuple[tuple[re.Pattern, dict[str, object]], re.Pattern, dict]:
+    """The trigger matchers and the KV-forward method regex of `catalog`, and the memo of their
+    answers (`CallFacts.trigger_of`, `kv_method`) that the files of one catalog share."""
     if _MATCHERS[0] is not catalog:
         methods = re.compile("|".join(fnmatch.translate(m) for m in catalog.kv_forward.methods) or "(?!)")
-        _MATCHERS[:] = [catalog, (_trigger_matchers(catalog), methods)]
+        _MATCHERS[:] = [catalog, (_trigger_matchers(catalog), methods, {})]
     return _MATCHERS[1]
 
 

@@ -34,6 +34,16 @@ MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class
 #   ("get", sources, a)      attribute `a` of what `sources` hold (`capture.decode.runner`)
 
 
+def target_method(target: tuple) -> str | None:
+    """The method a call target names, None for a qualified name or a nested function."""
+    kind = target[0]
+    if kind in ("self", "super", "name"):
+        return target[1]
+    if kind in ("attr", "var", "typed", "ret"):
+        return target[2]
+    return None
+
+
 def _pickled_as_call(cls):
     """Pickle a record as a call of its class with its fields: a file's facts cross a pipe between
     check's two processes, and the default (through copyreg and `__getnewargs__`) is slower for the

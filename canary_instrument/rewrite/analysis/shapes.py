@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
 from canary_instrument.rewrite.syntax.nodes import dotted_name, parameters
@@ -45,20 +46,50 @@ def may_name(text: str | None, patterns) -> bool:
     return any(all(part in text for part in _fragments(pattern)) for pattern in patterns)
 
 
+# Between the tokens of an attribute chain the tokenizer allows blanks, line continuations, comments
+# (inside brackets) and, after a name, the closing parenthesis of `(self).a`. A comment runs to its
+# line's end: matched only so, a run of `#` cannot be split in exponentially many ways.
+_COMMENT = r"#[^\n]*(?![^\n])"
+_BEFORE_DOT = rf"(?:[\s\\)]|{_COMMENT})*\.(?:[\s\\]|{_COMMENT})*"
+
+
+@lru_cache(maxsize=None)
+def _chain_regex(chain: str) -> re.Pattern:
+    # Literal first, the identifier boundary before it checked behind it: a pattern that starts with
+    # an assertion is tried at every position of the text.
+    head, *rest = map(re.escape, chain.split("."))
+    return re.compile(head + rf"(?<!\w{head})" + "".join(_BEFORE_DOT + part for part in rest) + r"(?!\w)")
+
+
+def may_spell_chain(text: str | None, chain: str) -> bool:
+    """False when `text` (source code) cannot hold the attribute chain `chain` (`self.model_runner`),
+    however its tokens are spaced: a class that never spells it cannot read it. True when unsure."""
+    if text is None:
+        return True
+    if not all(part.isidentifier() for part in chain.split(".")):
+        return may_name(text, [chain])
+    return _chain_regex(chain).search(text) is not None
+
+
 class ClassFacts(ClassScope):
     """What the finders ask about a class: whether it reaches a manager's owner, holds or is a model
     runner, answered from its syntax facts. A question about names the class's `text` never spells is
-    answered without walking it: a file's classes are asked about on every hook search, and most
-    cannot matter.
+    answered without walking it, and otherwise by walking only the statements that spell them
+    (`ClassScope.spelling`): a file's classes are asked about on every hook search, and most cannot
+    matter.
     """
 
     def reaches(self, owner: str) -> bool:
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""
         if owner == "self":
             return True
-        if not may_name(self.text, [owner]):
-            return False
-        return any(ref == owner or ref.startswith(owner + ".") for ref in self.refs)
+        found = self.answers.get(("reaches", owner))
+        if found is None:
+            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and any(
+                ref == owner or ref.startswith(owner + ".")
+                for ref in self.refs_and_calls_where(lambda text: may_spell_chain(text, owner))[0]
+            )
+        return found
 
     def held_as(self, owner: str, shape: ModelRunnerShape, draft_flag: str | None = None) -> str | None:
         """Where the class holds, under a name of its own, the model runner a manager's `owner` names.
@@ -81,7 +112,7 @@ class ClassFacts(ClassScope):
     def runner_attributes(self, shape: ModelRunnerShape) -> dict[str, str]:
         """`self.NAME = VALUE` assignments of a model runner: NAME -> VALUE's dotted name (a constructor: its callee)."""
         found: dict[str, str] = {}
-        for node in self.assignments:
+        for node in self.assignments_where(lambda text: may_name(text, (*shape.types, *shape.names))):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             value = node.value
             if isinstance(value, ast.Call):
@@ -98,7 +129,7 @@ class ClassFacts(ClassScope):
     def flagged_attributes(self, flag: str) -> list[list[str]]:
         """The `self.NAME` attributes (as ["self", NAME]) assigned an object constructed with `flag=True`."""
         return [
-            name.split(".") for node in self.assignments
+            name.split(".") for node in self.assignments_where(lambda text: flag in text)
             if isinstance(node, ast.Assign) and built_with_flag(node.value, flag)
             for t in node.targets if (name := dotted_name(t)) is not None
         ]
@@ -106,22 +137,36 @@ class ClassFacts(ClassScope):
     def refers_to(self, patterns) -> bool:
         if not may_name(self.text, patterns):
             return False
-        return any(fnmatchcase(ref, pattern) for ref in self.refs for pattern in patterns)
+        refs = self.refs_and_calls_where(lambda text: may_name(text, patterns))[0]
+        return any(fnmatchcase(ref, pattern) for ref in refs for pattern in patterns)
 
     def is_model_runner(self, shape: ModelRunnerShape) -> bool:
         """It calls the raw forward, or is named as the model runner type (a runner whose forward moved)."""
+        found = self.answers.get(("is_model_runner", shape))
+        if found is None:
+            found = self.answers[("is_model_runner", shape)] = self._is_model_runner(shape)
+        return found
+
+    def _is_model_runner(self, shape: ModelRunnerShape) -> bool:
         if any(fnmatchcase(self.node.name, pattern) for pattern in shape.types):
             return True
         if not may_name(self.text, shape.class_calls):
             return False
-        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls)
+        calls = self.refs_and_calls_where(lambda text: may_name(text, shape.class_calls))[1]
+        return any(call_matches(name, pattern) for name in calls for pattern in shape.class_calls)
 
     def held_model_runner(self, shape: ModelRunnerShape) -> str | None:
         """The most used `self....model_runner` chain of a class that holds a model runner, else None."""
+        key = ("held_model_runner", shape)
+        if key not in self.answers:
+            self.answers[key] = self._held_model_runner(shape)
+        return self.answers[key]
+
+    def _held_model_runner(self, shape: ModelRunnerShape) -> str | None:
         if not may_name(self.text, shape.names):
             return None
         counts: dict[str, int] = {}
-        for ref in self.refs:
+        for ref in self.refs_and_calls_where(lambda text: may_name(text, shape.names))[0]:
             parts = ref.split(".")
             for end in range(2, len(parts) + 1):
                 if parts[0] == "self" and names_runner(parts[end - 1], shape):

@@ -121,7 +121,7 @@ _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 def split_lines(text: str) -> list[str]:
     """Lines as the Python tokenizer counts them (str.splitlines also splits at form feeds)."""
-    return _NEWLINES.split(text)
+    return _NEWLINES.split(text) if "\r" in text else text.split("\n")  # the same, the second far cheaper
 
 
 def load(path: Path, catalog: Catalog) -> ParsedFile:

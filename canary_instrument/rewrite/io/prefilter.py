@@ -90,6 +90,7 @@ class Prefilter:
             regexes.append(fnmatch.translate(pattern))
             regexes.append(fnmatch.translate("*/" + pattern))
         self._path = re.compile("|".join(regexes)) if regexes else None
+        self._located: dict[str, bool] = {}
         # An object built with the draft flag (`is_draft_worker=True`): its model runner's forward is a
         # draft forward under any attribute name (reach: `respell`), so the file joins the call graph.
         flag = next(iter(sorted(m.guard.rpartition(".")[2] for m in catalog.managers.values() if m.guard)), None)
@@ -158,7 +159,11 @@ class Prefilter:
         })
 
     def path_matches(self, posix: str) -> bool:
-        return self._path is not None and self._path.match(posix) is not None
+        """Whether a file is at a catalog location (asked twice per file: weighed, then examined)."""
+        found = self._located.get(posix)
+        if found is None:
+            found = self._located[posix] = self._path is not None and self._path.match(posix) is not None
+        return found
 
     def needs(self, posix: str, data: bytes) -> int:
         """SITES | REACH | ROLES bits for a file (0: nothing to analyse). A file at a catalog

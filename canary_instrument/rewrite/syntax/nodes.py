@@ -110,13 +110,25 @@ def statements(tree: ast.AST):
     same order, without visiting expressions: statements only ever nest in statements, so this is
     exactly the statements `ast.walk` yields, at a fraction of its cost on a large file."""
     queue = deque([tree])
+    pop, extend = queue.popleft, queue.extend
+    get = _BLOCK_FIELDS.get
     while queue:
-        node = queue.popleft()
+        node = pop()
         yield node
-        for name in node._fields:
+        kind = type(node)
+        fields = get(kind)
+        if fields is None:
+            fields = _BLOCK_FIELDS[kind] = tuple(f for f in kind._fields if f in _BLOCKS)
+        for name in fields:
             value = getattr(node, name, None)
-            if isinstance(value, list):
-                queue.extend(v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case)))
+            if type(value) is list:
+                extend(value)
+
+
+# The fields of a statement (or of an except or case clause) that hold statements or clauses: every
+# item of such a list is one. (`Lambda.body` and `IfExp.body` are expressions, never reached here.)
+_BLOCKS = frozenset(("body", "orelse", "finalbody", "handlers", "cases"))
+_BLOCK_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def functions_of(tree: ast.Module):
@@ -136,6 +148,12 @@ def parameters(function) -> list[ast.arg]:
     found = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
     found += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
     return found
+
+
+def first_line(stmt: ast.stmt) -> int:
+    """A statement's first line, its decorators' included."""
+    decorators = getattr(stmt, "decorator_list", None)
+    return min(stmt.lineno, *(d.lineno for d in decorators)) if decorators else stmt.lineno
 
 
 def first_statement(function) -> ast.stmt:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, refs_and_calls, walk
+from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, first_line, refs_and_calls, walk
 
 
 class ClassScope:
@@ -19,13 +19,37 @@ class ClassScope:
     apart: it is the plain record of a class (bases, attribute types) that check's cache keeps, no AST.
     """
 
-    def __init__(self, cls: ast.ClassDef, text: str | None = None) -> None:
+    def __init__(self, cls: ast.ClassDef, text: str | None = None, lines: list[str] | None = None) -> None:
         self.node = cls
         self.text = text
+        self.lines = lines  # the file's lines: a question walks only the statements whose lines may answer it
         self.methods = {stmt.name: stmt for stmt in cls.body if isinstance(stmt, FUNCTIONS)}
         self._refs: set[str] | None = None
         self._calls: list[str] | None = None
         self._assignments: list[ast.Assign | ast.AnnAssign] | None = None
+        self.answers: dict = {}  # the analyses' questions about the class (by question), answered once
+
+    def spelling(self, stmts, test) -> list:
+        """The statements among `stmts` (of this class) whose source lines pass `test` (a function of
+        their text): a question about names a statement never spells need not walk it. All of them
+        when the lines are unknown."""
+        lines = self.lines
+        if lines is None:
+            return list(stmts)
+        return [stmt for stmt in stmts if test("\n".join(lines[first_line(stmt) - 1 : stmt.end_lineno]))]
+
+    def refs_and_calls_where(self, test) -> tuple[set[str], list[str]]:
+        """`refs` and `calls` of the statements that pass `test` (`spelling`): what they hold of the
+        names `test` asks for is what the whole class holds (once the class was walked: its facts)."""
+        if self._refs is not None:
+            return self._refs, self._calls
+        return refs_and_calls(self.spelling(self.node.body, test))
+
+    def assignments_where(self, test) -> list[ast.Assign | ast.AnnAssign]:
+        """`assignments` of the methods that pass `test` (`spelling`), in the same order."""
+        if self._assignments is not None:
+            return self._assignments
+        return _assignments(self.spelling(self.methods.values(), test))
 
     @property
     def refs(self) -> set[str]:
@@ -46,11 +70,15 @@ class ClassScope:
         """Every assignment of a value in the class's methods (nested code included), method by method
         in `ast.walk` order: where the class's attributes get what they hold."""
         if self._assignments is None:
-            self._assignments = [
-                node for function in self.methods.values() for node in walk(function)
-                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
-            ]
+            self._assignments = _assignments(self.methods.values())
         return self._assignments
+
+
+def _assignments(functions) -> list[ast.Assign | ast.AnnAssign]:
+    return [
+        node for function in functions for node in walk(function)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+    ]
 
 
 def built_with_flag(value: ast.AST, flag: str) -> bool:
