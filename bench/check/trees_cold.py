@@ -5,7 +5,7 @@ falls on all alike. Bytecode caches are written (a first untimed run per tree an
 Markdown table: wall and CPU (both processes) min and median per release and tree, and which trees print what the reference
 tree prints.
 
-    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 [--ast-grep]
+    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 [--ast-grep] [--one-core]
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from bench_check import PATTERN, find_sglang, timed_run  # this folder's benchma
 RUN_TREE = Path(__file__).with_name("run_tree.py")
 
 
-def run(tree: str, srt: Path) -> tuple[float, float, str, int]:
-    """(wall, CPU of both processes (user + system), stdout, exit code) of one cold check."""
+def run(tree: str, srt: Path, one_core: bool = False) -> tuple[float, float, str, int]:
+    """(wall, CPU of both processes (user + system), stdout, exit code) of one cold check; with ``one_core``
+    pinned to one core (`taskset`), where check runs serially: the CPU figure a shared machine disturbs least."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    wall, cpu, done = timed_run([sys.executable, str(RUN_TREE), tree, "check", "--no-cache", str(srt)], env=env)
+    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one_core else []
+    wall, cpu, done = timed_run([*pin, sys.executable, str(RUN_TREE), tree, "check", "--no-cache", str(srt)], env=env)
     return wall, cpu, done.stdout, done.returncode
 
 
@@ -44,6 +46,8 @@ def main() -> None:
     parser.add_argument("--reference", help="the tree whose output (stdout, exit code) the others are compared with")
     parser.add_argument("--ast-grep", action="store_true",
                         help="also run `ast-grep run -p 'contextlib.nullcontext()' -l python SRT` in each round")
+    parser.add_argument("--one-core", action="store_true",
+                        help="run each check pinned to one core (serially; ast-grep is left as it is)")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -56,18 +60,19 @@ def main() -> None:
             sys.exit(f"sglang {version}: not found")
         srt = package / "srt"
         for name, tree in trees.items():
-            _, _, out, code = run(tree, srt)  # untimed: writes the bytecode caches
+            _, _, out, code = run(tree, srt, args.one_core)  # untimed: writes the bytecode caches
             outputs[version, name] = (out, code)
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                wall, cpu, _, _ = run(tree, srt)
+                wall, cpu, _, _ = run(tree, srt, args.one_core)
                 samples.setdefault((version, name), []).append(wall)
                 cpus.setdefault((version, name), []).append(cpu)
             if args.ast_grep:
                 wall, cpu = ast_grep(srt)
                 samples.setdefault((version, "ast-grep"), []).append(wall)
                 cpus.setdefault((version, "ast-grep"), []).append(cpu)
-    print(f"rounds: {args.rounds}, bytecode caching on; seconds, min / median; load average before: {load}\n")
+    pinned = ", each check on one core" if args.one_core else ""
+    print(f"rounds: {args.rounds}, bytecode caching on{pinned}; seconds, min / median; load average before: {load}\n")
     reference = args.reference or next(iter(trees))
     shown = [*trees, "ast-grep"] if args.ast_grep else list(trees)
     print("| release | " + " | ".join(f"{n} wall | {n} CPU" for n in shown) + f" | output as {reference}'s |")
