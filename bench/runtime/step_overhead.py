@@ -28,7 +28,9 @@ alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
 16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime);
 `--no-token-check` runs without the sampled-token check, so without the sampler wrap.
 After each site exit an empty Python call is timed (untimed for the canary): what the host's Python
-costs at that point of the step, as a yardstick for the sites' figures.
+costs at that point of the step, as a yardstick for the sites' figures. `--interleave N` builds both
+engines first and times them in alternating blocks of N steps: on a shared host the off engine's
+figure then moves with the on engine's instead of being taken minutes apart.
 
     PYTHONPATH=. python bench/runtime/step_overhead.py --out bench/runtime/results/cpu.json
     PYTHONPATH=$PWD python bench/runtime/step_overhead.py --device cuda --out $OUT/gpu.json
@@ -409,47 +411,78 @@ def count_ops(case: Case, steps: int) -> dict:
     }
 
 
+class _Samples:
+    """One case's per-step figures: the sites', the sampler wrap's, the bracket's, the calibration call's,
+    the eager bracketed forwards and the sites' time by part."""
+
+    def __init__(self):
+        self.sites, self.sample, self.bracket, self.call = [], [], [], []
+        self.eager = 0
+        self.parts = collections.defaultdict(list)
+
+    def take(self, case: "Case", steps: int) -> None:
+        for _ in range(steps):
+            a, b, c, d, e = case.step()
+            for part, seconds in CLOCK.parts.items():
+                self.parts[part].append(seconds)
+            self.sites.append(a)
+            self.sample.append(b)
+            self.bracket.append(c)
+            self.eager += d
+            self.call.append(e)
+
+
 def run_case(module, bs, subs, steps, warmup, profile_steps, device, graphs=True, sweep_interval=0,
-             real_kv="partial"):
+             real_kv="partial", interleave=0):
+    """One (bs, sub-forwards) row. ``interleave`` > 0: both engines are built first and their timed steps
+    taken in alternating blocks of that many steps, so that what the host does meanwhile (other tenants,
+    frequency) falls on both alike; 0: the canary-off engine's steps, then the canary-on engine's."""
     us = lambda xs: round(statistics.median(xs) * 1e6, 2)  # noqa: E731
-    row = dict(bs=bs, sub_forwards=subs, steps=steps)
+    row = dict(bs=bs, sub_forwards=subs, steps=steps, interleave=interleave)
+    samples = {False: _Samples(), True: _Samples()}
+    cases = {}
     for canary in (False, True):
         case = Case(module, bs, subs, canary, warmup + steps + profile_steps, device, graphs, sweep_interval, real_kv)
         for _ in range(warmup):
             case.step()
-        sites, sample, bracket, eager, call = [], [], [], 0, []
-        parts = collections.defaultdict(list)
-        for _ in range(steps):
-            a, b, c, d, e = case.step()
-            for part, seconds in CLOCK.parts.items():
-                parts[part].append(seconds)
-            sites.append(a)
-            sample.append(b)
-            bracket.append(c)
-            eager += d
-            call.append(e)
-        key = "on" if canary else "off"
-        row[f"{key}_sites_us"] = us(sites)
-        row[f"{key}_python_call_us"] = round(statistics.median(call) * 1e6, 3)
-        # Per step, mean and median (a part that some steps skip, such as a note, counts 0 there).
-        row[f"{key}_parts_us"] = {
-            part: {"mean": round(sum(xs) / steps * 1e6, 2),
-                   "median": round(statistics.median(xs + [0.0] * (steps - len(xs))) * 1e6, 2)}
-            for part, xs in sorted(parts.items())
-        }
-        if canary:
-            # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
-            row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=eager / steps)
-            total = [a + b for a, b in zip(sites, sample)]
-            row.update(on_sample_us=us(sample), on_total_us=us(total),
-                       on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
-                       on_bracket_us=us(bracket), ops=count_ops(case, profile_steps))
-            found = [v for m in case.managers for v in m.flush()]
-            if found:
-                raise RuntimeError(f"the clean benchmark run reported {len(found)} violations: {found[0].format()}")
+        if interleave:
+            cases[canary] = case
+            continue
+        samples[canary].take(case, steps)
+        _finish(row, case, samples[canary], canary, steps, profile_steps, us)
         del case
+    if interleave:
+        for start in range(0, steps, interleave):
+            for canary in (False, True):
+                samples[canary].take(cases[canary], min(interleave, steps - start))
+        for canary in (False, True):
+            _finish(row, cases[canary], samples[canary], canary, steps, profile_steps, us)
+        cases.clear()
     row["added_us"] = round(row["on_total_us"] - row["off_sites_us"], 2)
     return row
+
+
+def _finish(row: dict, case: "Case", got: _Samples, canary: bool, steps: int, profile_steps: int, us) -> None:
+    """``row``'s figures of one case (canary on: also its ops, and no violation allowed)."""
+    key = "on" if canary else "off"
+    row[f"{key}_sites_us"] = us(got.sites)
+    row[f"{key}_python_call_us"] = round(statistics.median(got.call) * 1e6, 3)
+    # Per step, mean and median (a part that some steps skip, such as a note, counts 0 there).
+    row[f"{key}_parts_us"] = {
+        part: {"mean": round(sum(xs) / steps * 1e6, 2),
+               "median": round(statistics.median(xs + [0.0] * (steps - len(xs))) * 1e6, 2)}
+        for part, xs in sorted(got.parts.items())
+    }
+    if canary:
+        # Every timed step replayed these (each step is checked); forwards outside them ran eagerly.
+        row.update(graph_replays_per_step=case.expected_replays, eager_forwards_per_step=got.eager / steps)
+        total = [a + b for a, b in zip(got.sites, got.sample)]
+        row.update(on_sample_us=us(got.sample), on_total_us=us(total),
+                   on_total_p90_us=round(sorted(total)[int(len(total) * 0.9)] * 1e6, 2),
+                   on_bracket_us=us(got.bracket), ops=count_ops(case, profile_steps))
+        found = [v for m in case.managers for v in m.flush()]
+        if found:
+            raise RuntimeError(f"the clean benchmark run reported {len(found)} violations: {found[0].format()}")
 
 
 def _replays(row) -> str:
@@ -534,6 +567,9 @@ def main(argv=None):
                         help="kv_canary_token_check=0: no sampler wrap (and no sampled-token check)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
+    parser.add_argument("--interleave", type=int, default=0, metavar="N",
+                        help="build the canary-off and -on engines first and time them in alternating blocks of N "
+                             "steps (default 0: the off engine's steps, then the on engine's)")
     args = parser.parse_args(argv)
     if args.readback_interval is not None:
         os.environ["KV_CANARY_READBACK_INTERVAL"] = str(args.readback_interval)
@@ -551,7 +587,7 @@ def main(argv=None):
         for bs in args.bs:
             row = run_case(module, bs, subs, args.steps, args.warmup, args.profile_steps, args.device,
                            graphs=not args.disable_cuda_graph, sweep_interval=args.sweep_interval,
-                           real_kv=args.real_kv)
+                           real_kv=args.real_kv, interleave=args.interleave)
             rows.append(row)
             print(markdown([row]).splitlines()[-1], flush=True)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
@@ -561,6 +597,7 @@ def main(argv=None):
         cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
         readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "16")), absorbed=CLOCK.absorb is not None,
         sweep_interval=args.sweep_interval, token_check=not args.no_token_check, real_kv=args.real_kv,
+        interleave=args.interleave,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
     table = markdown(rows)
