@@ -62,7 +62,10 @@ def wrap_call(obj: Any, name: str, after: Callable[[tuple, dict, Any], Any], mar
             raise ValueError(f"kv canary: {type(obj).__qualname__}.{name} is already wrapped ({mark})")
         obj.__dict__.pop(name, None)
         function, owner = unbind(obj, name)
-    signature = inspect.signature(getattr(obj, name))
+    try:
+        signature = inspect.signature(getattr(obj, name))
+    except (TypeError, ValueError):  # a callable that tells none (a builtin, say): the call's own
+        signature = None
 
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs) if owner is None else function(owner(), *args, **kwargs)
@@ -70,7 +73,8 @@ def wrap_call(obj: Any, name: str, after: Callable[[tuple, dict, Any], Any], mar
 
     functools.update_wrapper(call, function, updated=())
     call.__dict__.pop("__wrapped__", None)
-    call.__signature__ = signature
+    if signature is not None:
+        call.__signature__ = signature
     setattr(call, mark, True)
     remember(call, function, owner)
     setattr(obj, name, call)

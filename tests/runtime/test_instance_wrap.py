@@ -43,3 +43,27 @@ def test_the_wrapped_originals_are_still_reachable_bound_to_their_instance(dev):
     assert forward.__self__ is runner.model and forward.__func__ is type(runner.model).forward
     assert sample.__self__ is runner and sample.__func__ is MiniRunner.sample
     assert runner.model.forward.__name__ == "forward" and runner.sample.__doc__ == MiniRunner.sample.__doc__
+
+
+def test_wrap_call_runs_the_method_then_the_note_and_keeps_a_signature_less_callable_working():
+    """``wrap_call`` on a method (its signature kept for introspection) and on a builtin that has none."""
+    import inspect
+
+    from canary_instrument.runtime.instance_wrap import wrap_call
+
+    class Pool:
+        def free(self, free_index, *, now=False):
+            return ("freed", free_index, now)
+
+    pool, seen = Pool(), []
+    assert wrap_call(pool, "free", lambda args, kwargs, result: seen.append((args, kwargs)) or result, "__mark__")
+    assert pool.free(3, now=True) == ("freed", 3, True) and seen == [((3,), {"now": True})]
+    assert list(inspect.signature(pool.free).parameters) == ["free_index", "now"]
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.largest = max  # a builtin whose parameters inspect.signature cannot tell
+    assert wrap_call(holder, "largest", lambda args, kwargs, result: result + 1, "__mark__")
+    assert holder.largest([1, 2]) == 3
