@@ -98,13 +98,7 @@ class Pair:
                 os.close(request_write)
                 os.close(reply_read)
                 replies = os.fdopen(reply_write, "wb")
-                try:
-                    body = pickle.dumps(("ok", self._take(name, items, chunks, queue_read)),
-                                        protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception:  # noqa: BLE001 - reported as a failure; the parent then does the share itself
-                    body = pickle.dumps(("failed", None))
-                replies.write(_HEADER.pack(len(body)) + body)
-                replies.flush()
+                _reply(replies, lambda: self._take(name, items, chunks, queue_read))
                 self._serve(os.fdopen(request_read, "rb"), replies)
                 status = 0
             finally:
@@ -134,34 +128,24 @@ class Pair:
             if message is None:
                 return
             name, calls = message
-            try:
-                body = pickle.dumps(("ok", [self.functions[name](*args) for args in calls]),
-                                    protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception:  # noqa: BLE001 - reported as a failure; this process then does the share itself
-                body = pickle.dumps(("failed", None))
-            replies.write(_HEADER.pack(len(body)) + body)
-            replies.flush()
+            function = self.functions[name]
+            _reply(replies, lambda: [function(*args) for args in calls])
 
     def _ask(self, name: str, calls: list[tuple]) -> None:
         """Send the child its share (nothing to do when there is no child)."""
         if self.pid is None:
             return
-        body = pickle.dumps((name, calls), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._requests.write(_HEADER.pack(len(body)) + body)
-            self._requests.flush()
+            _send(self._requests, (name, calls))
         except OSError:
             self.close()
 
     def _answer(self, name: str, calls: list[tuple]) -> tuple[list, int]:
         """(The child's results for `calls`, 1), or (the same computed here, 0) when it cannot give them."""
         if self.pid is not None:
-            try:
-                message = _receive(self._replies)
-            except Exception:  # noqa: BLE001 - an unreadable reply: the child is of no further use
-                message = None
-            if message is not None and message[0] == "ok" and len(message[1]) == len(calls):
-                return message[1], 1
+            values = self._child_reply()
+            if values is not None and len(values) == len(calls):
+                return values, 1
             self.close()
         function = self.functions[name]
         return [function(*args) for args in calls], 0
@@ -207,16 +191,22 @@ class Pair:
     def _answer_indexed(self, wanted: list[int]) -> tuple[dict, int]:
         """The child's {index: result} of the first map, with side 1; ({}, 0) when it cannot give them
         (this process then computes them)."""
-        try:
-            message = _receive(self._replies)
-        except Exception:  # noqa: BLE001 - an unreadable reply: the child is of no further use
-            message = None
-        if message is not None and message[0] == "ok":
-            values = dict(message[1])
+        pairs = self._child_reply()
+        if pairs is not None:
+            values = dict(pairs)
             if all(index in values for index in wanted):
                 return values, 1
         self.close()
         return {}, 0
+
+    def _child_reply(self):
+        """The child's next results, or None where it failed or its reply cannot be read (the caller then
+        closes the pair and computes them here)."""
+        try:
+            message = _receive(self._replies)
+        except Exception:  # noqa: BLE001 - an unreadable reply: the child is of no further use
+            return None
+        return message[1] if message is not None and message[0] == "ok" else None
 
     def both(self, name: str, mine: tuple, theirs: tuple) -> tuple:
         """(functions[name](*mine) here, functions[name](*theirs) in the child), run at the same time."""
@@ -243,6 +233,26 @@ class Pair:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _send(stream, message) -> None:
+    """`message` to `stream` as one length-prefixed pickle (`_receive` reads it)."""
+    _write(stream, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _reply(stream, compute: Callable[[], object]) -> None:
+    """In the child: ("ok", compute()) to the parent, or ("failed", None) where computing or pickling the
+    results raised (the parent then does the share itself)."""
+    try:
+        body = pickle.dumps(("ok", compute()), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - reported as a failure
+        body = pickle.dumps(("failed", None))
+    _write(stream, body)
+
+
+def _write(stream, body: bytes) -> None:
+    stream.write(_HEADER.pack(len(body)) + body)
+    stream.flush()
 
 
 def _receive(stream):
