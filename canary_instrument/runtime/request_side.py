@@ -37,9 +37,11 @@ class RequestSide:
         self.offset = 0  # entries of state.freed appended since the last forward's entry
         self.pending = False
         # Views of state.freed's first n entries by n: a step's one free (the usual case) copies into a kept
-        # view, so the note is one device op and no slicing on the host.
+        # view, so the note is one device op and no slicing on the host. With the buffer they are of and its
+        # length, rebound when state.freed is replaced (a reinstall).
         self._head_views: dict = {}
-        self._views_of: Any = None  # the buffer those views are of
+        self._views_of: Any = None
+        self._capacity = 0
         import torch
 
         self._slot_dtype = torch.int64
@@ -64,34 +66,36 @@ class RequestSide:
         self.pending = bool(self.new_rows) or bool(self.freed)
 
     def on_free(self, free_index: Any) -> None:
-        if free_index is None or not hasattr(free_index, "numel"):
+        # The step's path (an EAGLE step frees its rejected drafts): every torch call here costs its caller
+        # several times its warm cost, so the usual 1-D free that fits takes only numel and the copy.
+        try:
+            n = free_index.numel()
+        except AttributeError:  # None, or not a tensor: nothing the device can mark
             return
-        n = free_index.numel()
         if n == 0:
             return
         buffer = self.state.freed
-        if buffer is not None and self.offset + n <= buffer.shape[0]:
-            if free_index.dim() != 1:
-                free_index = free_index.reshape(-1)
-            if self.offset:
-                buffer[self.offset : self.offset + n].copy_(free_index)
-            else:
-                self._head(buffer, n).copy_(free_index)
-            self.offset += n
+        if buffer is not self._views_of:
+            self._rebind(buffer)
+        offset = self.offset
+        if offset + n <= self._capacity:
+            view = None if offset else self._head_views.get(n)
+            if view is None:
+                view = buffer[offset : offset + n]
+                if not offset and len(self._head_views) < MAX_HEAD_VIEWS:
+                    self._head_views[n] = view
+            try:
+                view.copy_(free_index)
+            except RuntimeError:  # a free of another shape (2-D, say): its slots in order
+                view.copy_(free_index.reshape(-1))
+            self.offset = offset + n
         else:
             self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
         self.pending = True
 
-    def _head(self, buffer: Any, n: int) -> Any:
-        """``buffer[:n]``, kept for the next free of the same size (at most ``MAX_HEAD_VIEWS`` sizes)."""
-        if buffer is not self._views_of:
-            self._head_views, self._views_of = {}, buffer
-        view = self._head_views.get(n)
-        if view is None:
-            view = buffer[:n]
-            if len(self._head_views) < MAX_HEAD_VIEWS:
-                self._head_views[n] = view
-        return view
+    def _rebind(self, buffer: Any) -> None:
+        self._head_views, self._views_of = {}, buffer
+        self._capacity = 0 if buffer is None else int(buffer.shape[0])
 
     def apply(self) -> None:
         """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
