@@ -119,3 +119,7 @@ def test_frees_land_in_the_freed_buffer_in_order_until_the_next_forward():
     assert sc.state.freed[:3].tolist() == [1, 2, 3]
     side.on_free(torch.arange(20, 26))  # 3 + 6 > 8: kept for the entry's marks
     assert [t.tolist() for t in side.freed] == [list(range(20, 26))]
+    side.on_free(None)  # not a tensor, or empty: nothing to note
+    side.on_free([4, 5])
+    side.on_free(torch.tensor([], dtype=torch.int64))
+    assert sc.state.freed[:3].tolist() == [1, 2, 3] and side.offset == 3 and len(side.freed) == 1
