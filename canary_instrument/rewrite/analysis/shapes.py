@@ -85,10 +85,9 @@ class ClassFacts(ClassScope):
             return True
         found = self.answers.get(("reaches", owner))
         if found is None:
-            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and any(
-                ref == owner or ref.startswith(owner + ".")
-                for ref in self.refs_and_calls_where(lambda text: may_spell_chain(text, owner))[0]
-            )
+            # A ref that starts with `owner.` holds `owner` itself: each link of a chain is a ref.
+            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and self.reads_where(
+                owner, lambda text: may_spell_chain(text, owner))
         return found
 
     def held_as(self, owner: str, shape: ModelRunnerShape, draft_flag: str | None = None) -> str | None:
