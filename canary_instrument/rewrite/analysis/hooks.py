@@ -190,7 +190,7 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         else:
             if classes is None:
                 classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
+            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers, calls)
         for scope in scopes:
             if hook.place == "after_capture":
                 if handed is not None and scope.class_node is not None:
