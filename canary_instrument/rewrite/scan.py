@@ -103,12 +103,14 @@ class Scan:
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
 
-    def close(self) -> None:
-        """End the pair's child, and the pair's hold on this scan: its functions refer back to it, a cycle
-        that (with the collector off during a check) would keep every report alive until the
-        interpreter's exit collects it, at a cost that grows with the tree."""
-        self.pair.close()
-        self.pair.functions = {}
+    def close(self, wait: bool = True) -> None:
+        """End the pair's child (`wait=False`: let it end while the findings are joined, `Pair.close`), and
+        once reaped the pair's hold on this scan: its functions refer back to it, a cycle that (with the
+        collector off during a check) would keep every report alive until the interpreter's exit
+        collects it, at a cost that grows with the tree."""
+        self.pair.close(wait)
+        if wait:
+            self.pair.functions = {}
 
     def handed_off(self) -> None:
         """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
