@@ -34,12 +34,12 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
 def runner_words(shape: ModelRunnerShape) -> tuple[str, ...]:
     """The name patterns (`may_name`) one of which a function that reaches a model runner spells."""
     return (*shape.names, *shape.types)
 
 
+@lru_cache(maxsize=None)
 def _fragments(pattern: str) -> tuple[str, ...]:
     """The runs of identifier characters that every name matching a shell-style `pattern` holds
     (`*capture_*_graph` -> capture_, _graph); a bracket expression stands for one unknown character.
