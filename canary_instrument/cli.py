@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import json
 import sys
 
 import click
@@ -117,6 +116,8 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
     result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache)
     diagnostics = [*result.errors, *result.findings]
     if output_format == "json":
+        import json  # here, not at the top: the default text output does not need it
+
         click.echo(json.dumps({
             "findings": [f.as_dict() for f in result.findings],
             "errors": [

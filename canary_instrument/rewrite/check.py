@@ -39,28 +39,35 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
         if scan.memo is None:
             scan.handed_off()
             scan.expand()
+        scan.close(wait=False)  # the child that read half the tree is no longer needed: it ends meanwhile
+        _join(scan, result, catalog)
     finally:
-        scan.close()  # the child that read half the tree is no longer needed
-    if scan.memo is not None:  # no file changed since the cache's run: its outcome is this one's
-        _, findings, errors, result.files_analysed = scan.memo
-        result.errors.extend(errors)
-        result.findings.extend(findings)
-    else:
-        reports = {key: r for key, r in scan.reports.items() if r is not None}
-        result.files_analysed = len(reports)
-        considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
-        result.findings.extend(tree_findings(considered, catalog))
-        result.findings.extend(scan.uncovered(reports))
-        result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
-        result.errors.extend(scan.errors)
-        if scan.cache is not None:
-            scan.cache.set_extra(RESULT, (
-                scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
-            ))
+        scan.close()
     if scan.cache is not None:
         scan.cache.retain(scan.seen.keys())
         scan.cache.save()
     return result
+
+
+def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
+    """The run's outcome from the scan's reports: the tree's findings, or the cache's run's outcome
+    when no file changed since."""
+    if scan.memo is not None:
+        _, findings, errors, result.files_analysed = scan.memo
+        result.errors.extend(errors)
+        result.findings.extend(findings)
+        return
+    reports = {key: r for key, r in scan.reports.items() if r is not None}
+    result.files_analysed = len(reports)
+    considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
+    result.findings.extend(tree_findings(considered, catalog))
+    result.findings.extend(scan.uncovered(reports))
+    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    result.errors.extend(scan.errors)
+    if scan.cache is not None:
+        scan.cache.set_extra(RESULT, (
+            scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
+        ))
 
 
 def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:

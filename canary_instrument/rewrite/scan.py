@@ -8,6 +8,7 @@ into its `FileReport`.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -102,12 +103,14 @@ class Scan:
         for (path, st), entry in zip(files, cached):
             self.record(path, st, entry)
 
-    def close(self) -> None:
-        """End the pair's child, and the pair's hold on this scan: its functions refer back to it, a cycle
-        that (with the collector off during a check) would keep every report alive until the
-        interpreter's exit collects it, at a cost that grows with the tree."""
-        self.pair.close()
-        self.pair.functions = {}
+    def close(self, wait: bool = True) -> None:
+        """End the pair's child (`wait=False`: let it end while the findings are joined, `Pair.close`), and
+        once reaped the pair's hold on this scan: its functions refer back to it, a cycle that (with the
+        collector off during a check) would keep every report alive until the interpreter's exit
+        collects it, at a cost that grows with the tree."""
+        self.pair.close(wait)
+        if wait:
+            self.pair.functions = {}
 
     def handed_off(self) -> None:
         """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
@@ -141,7 +144,7 @@ class Scan:
     def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
         try:
-            data = _read(key, st.st_size if st is not None else 0)
+            data = _read(key, st)
         except OSError:
             return (None, None, None, b"", SITES | REACH, self.analyse(Path(key), None, SITES | REACH))
         digest = content_hash(data) if self.cache is not None else b""
@@ -354,17 +357,19 @@ class Scan:
         return self.analyse(Path(key), self.data.get(key), REACH)
 
 
-def _read(path: str, size: int) -> bytes:
-    """A file's bytes, read by its descriptor in one read of its expected `size` (a file object costs
-    more than the read itself for the small files most of a tree is), then to its end."""
+def _read(path: str, st: os.stat_result | None) -> bytes:
+    """A file's bytes, read by its descriptor in one read of one byte more than its size (a file object
+    costs more than the read itself for the small files most of a tree is). A shorter read is the end of
+    a regular file; anything else (a file that grew, a pipe named on the command line) is read on to its end."""
+    size = st.st_size if st is not None else 0
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
-        chunks = []
-        want = size + 1
-        while chunk := os.read(fd, want):
+        chunk = os.read(fd, size + 1)
+        if len(chunk) <= size and st is not None and stat.S_ISREG(st.st_mode):
+            return chunk
+        chunks = [chunk]
+        while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-            want = 1 << 20
         return b"".join(chunks) if len(chunks) != 1 else chunks[0]
     finally:
         os.close(fd)
-

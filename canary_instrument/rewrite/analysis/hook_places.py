@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.analysis.shapes import function_model_runner, may_name
+from canary_instrument.rewrite.analysis.shapes import function_model_runner, may_name, runner_words
 from canary_instrument.rewrite.handwritten import last_name
 from canary_instrument.rewrite.syntax.blocks import top_statement, walk_blocks
 from canary_instrument.rewrite.syntax.calls import calls_matcher
@@ -54,8 +54,10 @@ def _callee(statement: str) -> str | None:
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
 
-def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers) -> list[_HookScope]:
-    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}."""
+def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers,
+                calls: CallIndex | None = None) -> list[_HookScope]:
+    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}; `calls`:
+    the file's `CallIndex`, whose texts spare the walk of a function that names no model runner."""
     shape = catalog.model_runner
     scopes = []
     for cls in classes:
@@ -77,8 +79,10 @@ def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Cat
                 scopes.append(_HookScope(cls, "self", methods))
     if hook.scope == "model_runner":
         module = {}
+        words = runner_words(shape)
         for node in tree.body:
-            if isinstance(node, FUNCTIONS) and (runner := function_model_runner(node, shape)) is not None:
+            if (isinstance(node, FUNCTIONS) and (calls is None or calls.may_name(node, words))
+                    and (runner := function_model_runner(node, shape)) is not None):
                 module.setdefault(runner, []).append(node)
         scopes.extend(_HookScope(None, runner, functions) for runner, functions in module.items())
     return scopes

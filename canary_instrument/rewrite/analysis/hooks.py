@@ -170,10 +170,16 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
     for site in sites:
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
-    present = (recognise(tree, catalog, imports, facts, functions, site_managers)
-               if _may_hold_hook(catalog, text) else {})
-    module = module_functions(tree)
     calls = CallIndex(lines)
+    present = {}
+    if _may_hold_hook(catalog, text):
+        # A hook statement spells its callee (generated) or the manager attribute (hand-written): only a
+        # function whose lines name one can hold any.
+        words = [MANAGER_ATTRIBUTE, *(callee for hook in catalog.hooks if (callee := hook_callee(hook)) is not None)]
+        listed = [(cls, function) for cls, function in (functions_of(tree) if functions is None else functions)
+                  if calls.may_name(function, words)]
+        present = recognise(tree, catalog, imports, facts, listed, site_managers)
+    module = module_functions(tree)
     # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
@@ -184,7 +190,7 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         else:
             if classes is None:
                 classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
+            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers, calls)
         for scope in scopes:
             if hook.place == "after_capture":
                 if handed is not None and scope.class_node is not None:

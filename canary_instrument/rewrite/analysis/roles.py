@@ -11,7 +11,6 @@ would wire differently is an ambiguity (reported, never guessed).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -216,5 +215,7 @@ def suggest_entry(context: Context, catalog: Catalog, function_name: str) -> str
     ]
     if loop:
         fields.append(("loop", True))
+    import json  # here, not at the top: few runs suggest an entry, and check's import cost counts
+
     body = ", ".join(f"{key} = {json.dumps(value)}" for key, value in fields)
     return f"sites = [{{ {body} }}]"

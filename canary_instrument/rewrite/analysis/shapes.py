@@ -21,7 +21,9 @@ def names_runner(name: str, shape: ModelRunnerShape) -> bool:
 
 
 def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
-    """How a module-level function reaches a model runner: a parameter named or typed like one, else a local."""
+    """How a module-level function reaches a model runner: a parameter named or typed like one, else a local.
+    Each spells a name matching `shape.names` or `shape.types` (`runner_words`): a function whose text
+    names none cannot answer."""
     for arg in parameters(function):
         annotation = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else ""
         if names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
@@ -32,10 +34,17 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
     return None
 
 
-def _fragments(pattern: str) -> list[str]:
+def runner_words(shape: ModelRunnerShape) -> tuple[str, ...]:
+    """The name patterns (`may_name`) one of which a function that reaches a model runner spells."""
+    return (*shape.names, *shape.types)
+
+
+@lru_cache(maxsize=None)
+def _fragments(pattern: str) -> tuple[str, ...]:
     """The runs of identifier characters that every name matching a shell-style `pattern` holds
-    (`*capture_*_graph` -> capture_, _graph); a bracket expression stands for one unknown character."""
-    return re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "*", pattern))
+    (`*capture_*_graph` -> capture_, _graph); a bracket expression stands for one unknown character.
+    Asked for the catalog's few patterns on every statement a question about names reads: kept."""
+    return tuple(re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "*", pattern)))
 
 
 def may_name(text: str | None, patterns) -> bool:
@@ -85,10 +94,9 @@ class ClassFacts(ClassScope):
             return True
         found = self.answers.get(("reaches", owner))
         if found is None:
-            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and any(
-                ref == owner or ref.startswith(owner + ".")
-                for ref in self.refs_and_calls_where(lambda text: may_spell_chain(text, owner))[0]
-            )
+            # A ref that starts with `owner.` holds `owner` itself: each link of a chain is a ref.
+            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and self.reads_where(
+                owner, lambda text: may_spell_chain(text, owner))
         return found
 
     def held_as(self, owner: str, shape: ModelRunnerShape, draft_flag: str | None = None) -> str | None:

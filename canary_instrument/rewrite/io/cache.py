@@ -8,21 +8,18 @@ what they were (and the mtime is not so recent that a same-tick edit could hide 
 when its content hash is. The file is signed with a key kept in the user's own cache folder, so a
 cache that was tampered with, copied from elsewhere, truncated or written by another build is
 ignored, never trusted. Writes are atomic and happen only when something changed.
+
+The hashing, signing and folder modules are imported where they are used: a run without a cache
+(`check --no-cache`, the cold gate) never loads them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import pickle
-import secrets
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-from platformdirs import user_cache_path
 
 import canary_instrument
 from canary_instrument.catalog import Catalog
@@ -35,11 +32,15 @@ _DIGEST = 32  # bytes of the HMAC-SHA256 signature in front of the pickle
 
 
 def content_hash(data: bytes) -> bytes:
+    import hashlib
+
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def user_cache_dir() -> Path:
     """This user's cache folder for the tool (platformdirs: `$XDG_CACHE_HOME/canary-instrument` on Linux)."""
+    from platformdirs import user_cache_path
+
     return user_cache_path("canary-instrument", appauthor=False)
 
 
@@ -72,6 +73,8 @@ def tool_digest() -> str:
                         folders.append(f"{folder}/{entry.name}")
         except OSError:
             parts.append(f"{folder}:?")
+    import hashlib
+
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
 
 
@@ -94,6 +97,8 @@ class CheckCache:
     @classmethod
     def open(cls, paths, catalog: Catalog, cache_dir: str | Path | None = None) -> CheckCache:
         """The cache for checking `paths` with `catalog`; one that cannot be used does nothing."""
+        import hashlib
+
         key = _signing_key()
         if key is None:
             return cls(None, None)
@@ -163,6 +168,10 @@ class CheckCache:
         """Write the cache atomically if anything changed; a cache that cannot be written is skipped."""
         if self.file is None or not (self.changed or self._racy()):
             return
+        import hashlib
+        import hmac
+        import tempfile
+
         now = time.time_ns()
         body = pickle.dumps((_FORMAT, now, self.entries, self.extra), protocol=pickle.HIGHEST_PROTOCOL)
         data = hmac.new(self._key, body, hashlib.sha256).digest() + body
@@ -187,6 +196,9 @@ class CheckCache:
         return any(entry[1] >= self.saved_ns - _RACY_NS for entry in self.entries.values())
 
     def _load(self) -> None:
+        import hashlib
+        import hmac
+
         try:
             with open(self.file, "rb") as handle:
                 data = handle.read()
@@ -239,6 +251,9 @@ def _prepare(folder: Path) -> bool:
 
 def _signing_key() -> bytes | None:
     """This user's cache signing key (created on first use, readable by the user only)."""
+    import secrets
+    import tempfile
+
     path = user_cache_dir() / "cache-key"
     try:
         key = path.read_bytes()

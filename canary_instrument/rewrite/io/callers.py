@@ -7,7 +7,6 @@ syntax tree, and share ``prefilter.code_use``.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 
 from canary_instrument.rewrite.io.parallel import map_two
 from canary_instrument.rewrite.io.prefilter import code_use, line_start
@@ -19,18 +18,14 @@ class CallerSearch:
     on a receiver whose name fits the function's class, as a plain name for a function or a
     constructor, or that subclass one of those classes (a subclass inherits the calls on `self`).
 
-    The files are searched as one buffer, one `bytes.find` pass per needle (the cost that matters on a
-    tree of thousands of files): a name, or a part several class names share; each hit is then
-    judged where it stands.
+    Each needle (a name, or a part several class names share) is looked for with one `bytes.find` pass
+    over every file (the cost that matters on a tree of thousands of files); each hit is then judged
+    where it stands. The files are searched one by one, not joined into one buffer: the copy of a
+    tree's bytes into fresh memory costs a good part of a search.
     """
 
     def __init__(self, datas: list[bytes]) -> None:
-        self._big = b"\0".join(datas)
-        self._starts = []
-        offset = 0
-        for data in datas:
-            self._starts.append(offset)
-            offset += len(data) + 1
+        self._datas = datas
 
     def find(self, wanted, two_cores: bool = True) -> set[int]:
         """Indexes of the files that hold a use `wanted` names: ("call", name, class or None) and
@@ -55,35 +50,43 @@ class CallerSearch:
         # `_needles`): the needles share the two cores (parallel.map_two).
         groups = _needles(words)
         found: set[int] = set()
-        for hits in map_two(files_using, groups, [len(self._big) if two_cores else 0] * len(groups)):
+        size = sum(map(len, self._datas)) if two_cores else 0
+        for hits in map_two(files_using, groups, [size] * len(groups)):
             found |= hits
         return found
 
     def _files_using(self, needle: str, words: list[str], owners: dict, bases: set[str], defined: set[str]) -> set[int]:
         """The files where one of `words` (each holding `needle`) stands as a use to judge."""
-        big = self._big
         raw = needle.encode()
         # Where each word holds the needle: a hit of the needle at p may be the word at p - offset.
         spans = [(word.encode(), offset, owners.get(word, ()), word in bases, word in defined)
                  for word in words for offset in _offsets(word, needle)]
         found: set[int] = set()
-        position = big.find(raw)
-        while position >= 0:
-            for word, offset, classes, base, define in spans:
-                start = position - offset
-                if start < 0 or not big.startswith(word, start):
-                    continue
-                end = start + len(word)
-                if not _identifier_byte(big, start - 1) and not _identifier_byte(big, end):
-                    index = bisect_right(self._starts, start) - 1
-                    if index not in found and (
-                        (base and _in_class_bases(big, start))
-                        or (define and _defines_class(big, start))
-                        or (classes and _a_call_of(big, start, end, classes))
-                    ):
-                        found.add(index)
-            position = big.find(raw, position + 1)
+        for index, data in enumerate(self._datas):
+            position = data.find(raw)
+            while position >= 0:
+                if _counts(data, position, spans):
+                    found.add(index)
+                    break  # one use is enough
+                position = data.find(raw, position + 1)
         return found
+
+
+def _counts(data: bytes, position: int, spans) -> bool:
+    """Whether the needle's hit at `position` is one of the words (`spans`, `_files_using`) standing where a
+    use counts: in a class's bases, as a class's name, or as a call of a function wanted."""
+    for word, offset, classes, base, define in spans:
+        start = position - offset
+        if start < 0 or not data.startswith(word, start):
+            continue
+        end = start + len(word)
+        if not _identifier_byte(data, start - 1) and not _identifier_byte(data, end) and (
+            (base and _in_class_bases(data, start))
+            or (define and _defines_class(data, start))
+            or (classes and _a_call_of(data, start, end, classes))
+        ):
+            return True
+    return False
 
 
 # A part of a class name shared by several wanted names is searched for once for all of them: class

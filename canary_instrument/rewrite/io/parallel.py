@@ -67,6 +67,7 @@ class Pair:
     def __init__(self, functions: dict[str, Callable], weight: int) -> None:
         self.functions = functions
         self.pid: int | None = None
+        self._ending: int | None = None  # a child told to end and not yet reaped (`close`)
         self._requests = self._replies = None
         self._fork = weight >= MIN_WEIGHT and _can_fork()
 
@@ -214,19 +215,22 @@ class Pair:
         here = self.functions[name](*mine)
         return here, self._answer(name, [theirs])[0][0]
 
-    def close(self) -> None:
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        for stream in (self._requests, self._replies):
+    def close(self, wait: bool = True) -> None:
+        """End the child: it reads the end of its requests and leaves. `wait=False` lets it end while this
+        process goes on (its exit costs a few milliseconds); a later `close()` reaps it."""
+        if self.pid is not None:
+            self._ending, self.pid = self.pid, None
+            for stream in (self._requests, self._replies):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        if wait and self._ending is not None:
+            pid, self._ending = self._ending, None
             try:
-                stream.close()  # the child reads the end of its requests and leaves
-            except OSError:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
 
     def __enter__(self) -> Pair:
         return self

@@ -24,6 +24,14 @@ def _literal_fragments(pattern: str) -> list[str]:
     return [f for f in re.split(r"[*?\[\]]", pattern) if f.strip(".")]
 
 
+def _required_literal(pattern: str) -> str | None:
+    """The longest run of literal characters that every path matching the shell-style `pattern` holds
+    (None where the pattern has a bracket set, whose characters are not literal)."""
+    if "[" in pattern:
+        return None
+    return max(re.split(r"[*?]", pattern), key=len) or None
+
+
 def _name_regex(patterns: list[str]) -> str:
     """An alternation matching identifiers that match any of the shell-style name `patterns`."""
     return "|".join(
@@ -90,6 +98,9 @@ class Prefilter:
             regexes.append(fnmatch.translate(pattern))
             regexes.append(fnmatch.translate("*/" + pattern))
         self._path = re.compile("|".join(regexes)) if regexes else None
+        # A path can match a pattern only where it holds the pattern's longest literal run: most paths
+        # of a tree hold none, and an `in` test costs far less than the regex (None: no such run).
+        self._path_words = [_required_literal(pattern) for pattern in sorted(patterns)]
         self._located: dict[str, bool] = {}
         # An object built with the draft flag (`is_draft_worker=True`): its model runner's forward is a
         # draft forward under any attribute name (reach: `respell`), so the file joins the call graph.
@@ -162,7 +173,9 @@ class Prefilter:
         """Whether a file is at a catalog location (asked twice per file: weighed, then examined)."""
         found = self._located.get(posix)
         if found is None:
-            found = self._located[posix] = self._path is not None and self._path.match(posix) is not None
+            found = self._located[posix] = self._path is not None and any(
+                word is None or word in posix for word in self._path_words
+            ) and self._path.match(posix) is not None
         return found
 
     def needs(self, posix: str, data: bytes) -> int:

@@ -179,10 +179,10 @@ def iter_calls(node: ast.AST, into_functions: bool = False):
     with it), never nested classes.
     """
     Call = ast.Call
-    return (n for n in descend((node,), _CLASS_ONLY if into_functions else SCOPE_TYPES) if type(n) is Call)
+    return (n for n in descend((node,), CLASS_ONLY if into_functions else SCOPE_TYPES) if type(n) is Call)
 
 
-_CLASS_ONLY = frozenset((ast.ClassDef,))
+CLASS_ONLY = frozenset((ast.ClassDef,))  # `descend`'s skip set that leaves out only nested classes
 
 
 def refs_and_calls(body: list[ast.stmt]) -> tuple[set[str], list[str]]:
@@ -192,7 +192,7 @@ def refs_and_calls(body: list[ast.stmt]) -> tuple[set[str], list[str]]:
     calls: list[str] = []
     add = refs.add
     Attribute, Name, Call = ast.Attribute, ast.Name, ast.Call
-    for node in descend(body, _CLASS_ONLY):
+    for node in descend(body, CLASS_ONLY):
         kind = type(node)
         if kind is Name:
             add(node.id)

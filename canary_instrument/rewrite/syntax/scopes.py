@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ast
 
-from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, first_line, refs_and_calls, walk
+from canary_instrument.rewrite.syntax.nodes import (
+    CLASS_ONLY, FUNCTIONS, descend, dotted_name, first_line, refs_and_calls, walk,
+)
 
 
 class ClassScope:
@@ -44,6 +46,21 @@ class ClassScope:
         if self._refs is not None:
             return self._refs, self._calls
         return refs_and_calls(self.spelling(self.node.body, test))
+
+    def reads_where(self, dotted: str, test) -> bool:
+        """Whether `dotted` is one of the `refs` of the statements that pass `test` (`spelling`): found
+        by walking them to the first node that spells it, without collecting every name they read."""
+        if self._refs is not None:
+            return dotted in self._refs
+        last = dotted.rpartition(".")[2]
+        for node in descend(self.spelling(self.node.body, test), CLASS_ONLY):
+            kind = type(node)
+            if kind is ast.Attribute:
+                if node.attr == last and dotted_name(node) == dotted:
+                    return True
+            elif kind is ast.Name and node.id == dotted:
+                return True
+        return False
 
     def assignments_where(self, test) -> list[ast.Assign | ast.AnnAssign]:
         """`assignments` of the methods that pass `test` (`spelling`), in the same order."""
