@@ -18,11 +18,10 @@ from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import (
     FUNCTIONS,
     dotted_name,
-    first_line,
     first_statement,
     iter_calls,
     parameters,
-    statements,
+    statement_text,
 )
 
 
@@ -131,7 +130,7 @@ class CallIndex:
             return True
         text = self._texts.get(id(function))
         if text is None:
-            text = self._texts[id(function)] = "\n".join(self._lines[first_line(function) - 1 : function.end_lineno])
+            text = self._texts[id(function)] = statement_text(self._lines, function)
         return may_name(text, patterns)
 
     def __call__(self, function) -> list[ast.Call]:

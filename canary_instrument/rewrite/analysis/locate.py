@@ -46,6 +46,7 @@ from canary_instrument.rewrite.syntax.nodes import (
     CANARY_CONTEXT,
     FUNCTIONS,
     dotted_name,
+    first_line,
     iter_calls,
     same_code,
     statements,
@@ -371,8 +372,8 @@ def _collect_members(result: FileAnalysis, catalog: Catalog, lines, facts) -> No
         for stmt in info.class_node.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == catalog.member:
                 info.node = stmt
-                first_line = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
-                info.generated = lines is not None and first_line >= 2 and lines[first_line - 2].strip() == MEMBER_MARKER
+                start = first_line(stmt)
+                info.generated = lines is not None and start >= 2 and lines[start - 2].strip() == MEMBER_MARKER
         result.members.append(info)
         # An owner the model-runner shape names (`self.model_runner`) may come from a base class elsewhere.
         owner = info.manager.owner

@@ -120,7 +120,7 @@ class ClassFacts(ClassScope):
     def runner_attributes(self, shape: ModelRunnerShape) -> dict[str, str]:
         """`self.NAME = VALUE` assignments of a model runner: NAME -> VALUE's dotted name (a constructor: its callee)."""
         found: dict[str, str] = {}
-        for node in self.assignments_where(lambda text: may_name(text, (*shape.types, *shape.names))):
+        for node in self.assignments_where(lambda text: may_name(text, runner_words(shape))):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             value = node.value
             if isinstance(value, ast.Call):

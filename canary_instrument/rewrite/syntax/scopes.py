@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from canary_instrument.rewrite.syntax.nodes import (
-    CLASS_ONLY, FUNCTIONS, descend, dotted_name, first_line, refs_and_calls, walk,
+    CLASS_ONLY, FUNCTIONS, descend, dotted_name, refs_and_calls, statement_text, walk,
 )
 
 
@@ -38,7 +38,7 @@ class ClassScope:
         lines = self.lines
         if lines is None:
             return list(stmts)
-        return [stmt for stmt in stmts if test("\n".join(lines[first_line(stmt) - 1 : stmt.end_lineno]))]
+        return [stmt for stmt in stmts if test(statement_text(lines, stmt))]
 
     def refs_and_calls_where(self, test) -> tuple[set[str], list[str]]:
         """`refs` and `calls` of the statements that pass `test` (`spelling`): what they hold of the
