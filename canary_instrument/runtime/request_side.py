@@ -10,8 +10,9 @@ stream. So the previous occupant's last forward and the finishing request's in-f
 (enqueued before the event, as sglang's overlap scheduler does) never see them, and the next
 forward that could read the row or slot does.
 
-Frees are the per-step event (an EAGLE step frees its rejected drafts): each is noted as one copy of
-its slots into ``CanaryState.freed`` (on the stream current at the free), a fixed device buffer that
+Frees can come every step (an engine that frees each step's rejected drafts, as the ngram, DFlash and
+frozen-KV MTP verifies of sglang 0.5.13 do; its spec v2 workers keep them for the next window instead):
+each is noted as one copy of its slots into ``CanaryState.freed`` (on the stream current at the free), a fixed device buffer that
 every pre-forward op empties into the rows before its pass, inside the forward's CUDA graph when
 captured, so a step costs the host one device op. A free that does not fit the buffer, and every
 req-pool allocation, is applied by ops at the entry of the next forward site instead.
@@ -66,8 +67,8 @@ class RequestSide:
         self.pending = bool(self.new_rows) or bool(self.freed)
 
     def on_free(self, free_index: Any) -> None:
-        # The step's path (an EAGLE step frees its rejected drafts): every torch call here costs its caller
-        # several times its warm cost, so the usual 1-D free that fits takes only numel and the copy.
+        # Possibly once a step (rejected drafts): every torch call here costs its caller several times its
+        # warm cost, so the usual 1-D free that fits takes only numel and the copy.
         try:
             n = free_index.numel()
         except AttributeError:  # None, or not a tensor: nothing the device can mark
@@ -169,8 +170,8 @@ def unwrap_allocators(model_runner: Any) -> None:
                 del obj.__dict__[name]
 
 
-# Free sizes whose view of the freed-slot buffer is kept (an EAGLE step frees the drafts it rejected: up to
-# the batch times the draft tokens, so a few hundred sizes in practice).
+# Free sizes whose view of the freed-slot buffer is kept (a step that frees the drafts it rejected frees up
+# to the batch times the draft tokens, so a few hundred sizes in practice).
 MAX_HEAD_VIEWS = 1024
 # Entries of the freed-slot buffer per req-pool row: room for a step that frees this many slots per request
 # (rejected drafts); a larger free is marked at the next forward's entry instead.

@@ -206,7 +206,7 @@ class RealKvPostForward:
             return None
         if facts.mode == "verify":
             # Only a request's first verified position is sure to be kept: the draft guesses after it may be
-            # rejected and freed, and a flip there is never read. Its position is the request's prefix, a
+            # rejected (their slots freed, or written again by the next window), and a flip there is never read. Its position is the request's prefix, a
             # device value when the batch has no host copy.
             r = ctx.rng.randrange(facts.size)
             token = sum(facts.new[:r])

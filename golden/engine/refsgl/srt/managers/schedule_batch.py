@@ -30,6 +30,7 @@ class Req:
     extend_len: int = 0  # new positions written by the current step
     is_last_chunk: bool = True
     swa_evicted_seqlen: int = 0  # positions below this released their SWA window hold
+    kv_allocated_len: int = 0  # positions [0, kv_allocated_len) of its row hold its slots (EAGLE: its last window)
     finished: bool = False
 
     @property

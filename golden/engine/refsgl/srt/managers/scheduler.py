@@ -7,9 +7,9 @@ run an extend batch (with the running requests riding along as one-token extends
 `enable_mixed_chunk` is set); otherwise decode every running request.
 
 A decode step's host work is O(batch) plain Python and a fixed number of torch calls: one slot
-allocation, one `req_to_token` write for the whole batch, and the slots it gives back (rejected
-drafts, SWA window releases) freed together at the end of the step in the order a request-by-request
-loop would free them, so the same slots are handed out next.
+allocation, one `req_to_token` write for the whole batch, and the SWA window releases freed together
+at the end of the step in request-by-request order, so the same slots are handed out next. Under EAGLE
+a request keeps its verify window's slots between steps, as sglang's spec v2 does (`_reserve_verify_windows`).
 """
 
 from __future__ import annotations
@@ -223,15 +223,44 @@ class Scheduler:
 
     def _get_decode_batch(self) -> ScheduleBatch:
         reqs = list(self.running)
-        per_req = self.num_draft_tokens or 1
-        slots = self.alloc_token_slots(per_req * len(reqs))
+        if self.num_draft_tokens:
+            self._reserve_verify_windows(reqs)
+        else:
+            slots = self.alloc_token_slots(len(reqs))
         for req in reqs:
             req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
-        batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots)
-        # Request i's slots go to positions [cached_len, cached_len + per_req) of its row.
-        self._write_slot_columns(batch.req_pool_indices, batch.seq_lens, slots, per_req)
+        if self.num_draft_tokens:
+            batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, None)
+            # The window's slots, as the worker's forwards read them from the table.
+            columns = batch.seq_lens[:, None] + torch.arange(self.num_draft_tokens, device=self.device)
+            batch.out_cache_loc = self.req_to_token_pool.req_to_token[batch.req_pool_indices[:, None], columns].view(-1).long()
+        else:
+            batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots)
+            # Request i's slot goes to position cached_len of its row.
+            self._write_slot_columns(batch.req_pool_indices, batch.seq_lens, slots, 1)
         self.stats.decode_batches += 1
         return batch
+
+    def _reserve_verify_windows(self, reqs: list[Req]):
+        """Slots for every request's verify window, positions [cached_len, cached_len + num_draft_tokens),
+        as sglang's spec v2 gives them (`eagle_prepare_for_decode`, `alloc_for_spec_decode`): the slots its
+        last window left past the accepted tokens stay the request's (`kv_allocated_len`) and are written
+        again by this window, only the positions past them get new slots (one allocation, one table
+        write), and a step frees no slot; what is left past the last accepted token is freed when the
+        request finishes."""
+        rows, columns, ends = [], [], []
+        for req in reqs:
+            start, end = max(req.kv_allocated_len, req.cached_len), req.cached_len + self.num_draft_tokens
+            ends.append(max(end, req.kv_allocated_len))
+            if end > start:
+                rows.extend(itertools.repeat(req.req_pool_idx, end - start))
+                columns.extend(range(start, end))
+        if rows:
+            slots = self.alloc_token_slots(len(rows))
+            rows_t, columns_t = torch.tensor([rows, columns], dtype=torch.int64, device=self.device).unbind(0)
+            self.req_to_token_pool.write((rows_t, columns_t), slots.to(torch.int32))
+        for req, end in zip(reqs, ends):
+            req.kv_allocated_len = end
 
     # ------------------------------------------------------------------ running a step
 
@@ -259,13 +288,11 @@ class Scheduler:
             # A verify can accept past max_new_tokens; drop the surplus (and, below, its KV).
             tokens = tokens[: req.max_new_tokens - len(req.output_ids)]
             if verify_output is not None:
-                # Verify wrote positions n .. n + num_draft - 1; keep the accepted ones.
+                # Verify wrote positions n .. n + num_draft - 1; keep the accepted ones (the slots of the
+                # others stay the request's, for its next window).
                 keep = len(tokens)
-                start = req.cached_len
                 self.stats.proposed_drafts += self.num_draft_tokens - 1
                 self.stats.accepted_drafts += keep - 1
-                if keep < self.num_draft_tokens:
-                    self._pending_frees.append((False, req.req_pool_idx, start + keep, start + self.num_draft_tokens))
                 req.cached_len += keep
             else:
                 req.cached_len += req.extend_len
@@ -288,8 +315,8 @@ class Scheduler:
             req.swa_evicted_seqlen = new_start
 
     def _flush_kv_frees(self):
-        """Free the deferred slots as freeing them entry by entry in the order deferred would (`free` for
-        rejected drafts, `free_swa` for SWA window releases), with a fixed number of torch calls."""
+        """Free the deferred slots as freeing them entry by entry in the order deferred would (`free_swa`
+        for SWA window releases, `free` for any other entry), with a fixed number of torch calls."""
         pending, self._pending_frees = self._pending_frees, []
         if not pending:
             return
@@ -305,7 +332,7 @@ class Scheduler:
         ).unbind(0)
         slots = self.req_to_token_pool.req_to_token[rows_t, columns_t].long()
         if not self.is_swa:
-            self.allocator.free(slots)  # rejected drafts only
+            self.allocator.free(slots)
         elif not self.allocator.free_and_release_swa(slots, release_t.bool()):
             # A slot is listed twice (a prefix that requests share left their windows together): one by one.
             for is_release, row, start, end in pending:
@@ -323,6 +350,8 @@ class Scheduler:
             self.allocator.free_swa(slots[req.swa_evicted_seqlen :])
         if duplicates:
             self.allocator.free(torch.tensor(duplicates, dtype=torch.int64, device=self.device))
+        if req.kv_allocated_len > req.cached_len:  # the last verify window's slots past the accepted tokens
+            self.allocator.free(self._slots_of(req, req.cached_len, req.kv_allocated_len))
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         self.finished.append(req)
