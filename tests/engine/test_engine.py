@@ -109,6 +109,38 @@ def test_no_slot_leaks_after_all_requests_finish(refsgl, layout, eagle):
         assert scheduler.allocator.swa_available_size() + len(mapped) == SMALL["max_total_tokens"]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eagle_windows_keep_their_slots_between_steps(refsgl, layout):
+    """As sglang's spec v2: a decode step frees no KV slot; a request's next window writes the slots its
+    rejected drafts had, and allocates only the positions past its last window."""
+    engine = make(refsgl, attention_layout=layout, speculative_algorithm="EAGLE")
+    scheduler = engine.scheduler
+    table = scheduler.req_to_token_pool.req_to_token
+    frees = []
+    free = scheduler.allocator.free
+    scheduler.allocator.free = lambda index, *a, **k: (frees.append(index.numel()), free(index, *a, **k))[1]
+    for prompt in shared_prefix_prompts(n=4):
+        engine.add_request(prompt, 40)
+    window = scheduler.num_draft_tokens
+    kept = 0
+    while not scheduler.is_idle():
+        before = {r.rid: (r.cached_len, r.kv_allocated_len, table[r.req_pool_idx].clone()) for r in scheduler.running}
+        frees.clear()
+        batch = engine.step()
+        if not batch.forward_mode.is_decode():
+            continue
+        if not any(r.finished for r in batch.reqs):
+            assert frees == []
+        for r in batch.reqs:
+            cached, allocated, row = before[r.rid]
+            assert r.kv_allocated_len == max(allocated, cached + window)
+            # The slots of the window's positions the last window had allocated are the same slots.
+            same = slice(cached, min(allocated, cached + window))
+            assert torch.equal(table[r.req_pool_idx, same], row[same]) or r.finished
+            kept += max(0, same.stop - same.start)
+    assert kept > 0 and 0 < scheduler.stats.accepted_drafts < scheduler.stats.proposed_drafts
+
+
 def test_swa_slots_leave_with_the_window(refsgl):
     engine = make(refsgl, attention_layout="swa", sliding_window_size=8)
     req = engine.add_request(list(range(40)), 30)
