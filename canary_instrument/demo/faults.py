@@ -14,7 +14,7 @@ a no-op as a fault. The engine source is never edited.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -90,7 +90,7 @@ class ArmedFault:
             self.injection = Injection(step, description, frozenset(expected))
             self.disarm()
 
-    def poll(self):
+    def poll(self, violations: tuple = ()):
         """Nothing to collect: the hook records the injection as it happens."""
 
     def disarm(self):
@@ -103,7 +103,9 @@ class ArmedPerturbation:
     """One pending perturbation of the target's canary manager: rate 1, at most one injection, no warm-up.
 
     ``poll()`` after each step collects the injection (its line is complete once the step's flush
-    read its device facts); one that changed nothing (``applied=0``) re-arms the perturbation."""
+    read its device facts); one that changed nothing (``applied=0``) re-arms the perturbation with the
+    next seed of its own sequence, so that a re-armed kind draws anew (its group, say) instead of
+    repeating the draw that found nothing to change."""
 
     def __init__(self, fault: Fault, engine: Any, rng: random.Random):
         from canary_instrument.runtime.perturb import PerturbSettings
@@ -115,6 +117,7 @@ class ArmedPerturbation:
             raise RuntimeError("perturbation faults need the target model runner's canary manager (kv_canary on)")
         self.settings = PerturbSettings(rates=((fault.perturbation, 1.0),), seed=rng.randrange(1 << 30),
                                         warmup_steps=0)
+        self._seeds = random.Random(self.settings.seed)  # the re-arms' seeds (the workload's rng is left alone)
         self.injection: Optional[Injection] = None
         self.perturbed = None  # the runtime's own record of it (``perturb.Injection``)
         self._arm()
@@ -124,23 +127,48 @@ class ArmedPerturbation:
 
         self.manager.perturber = Perturber(self.settings, self.manager.state, limit=1)
 
-    def poll(self):
+    def poll(self, violations: tuple = ()):
+        """Collect the step's injection; ``violations``: what the step reported."""
         perturber = self.manager.perturber
         if self.injection is not None or perturber is None:
             return
         for done in perturber.drain():
-            if not done.applied:
-                self._arm()  # it found nothing to change (equal tokens, an SWA slot out of the window)
+            if not done.applied or self._unreadable(done, violations):
+                # It changed nothing (equal tokens, an SWA slot out of the window), or nothing can read what it
+                # changed: draw again.
+                self.settings = replace(self.settings, seed=self._seeds.randrange(1 << 30))
+                self._arm()
                 continue
             self.perturbed = done
             # It happened during the step just run (before or after its forward, or at its end).
             self.injection = Injection(self.engine.scheduler.forward_ct, done.format(), self.fault.expected)
             self.disarm()
 
+    def _unreadable(self, done: Any, violations) -> bool:
+        """A corruption left in its slot that no one can read any more: the step reported nothing of it, and
+        no running request and no prefix-cache node holds the slot (its request finished in the step and
+        the slot was freed, say as a duplicate of a cached prefix; the next owner writes it anew). Like the
+        other faults' candidates (`_candidates`), a corruption nobody reads again is not a trial."""
+        if done.kind not in _LASTING or done.group == "swa" or any(set(v.reasons) & self.fault.expected for v in violations):
+            return False  # (an SWA-group injection names its SWA slot, which the table does not hold)
+        slot = done.slot
+        scheduler = self.engine.scheduler
+        table = scheduler.req_to_token_pool.req_to_token
+        holders = list(scheduler.running) + ([scheduler.chunked_req] if scheduler.chunked_req is not None else [])
+        for req in holders:
+            if (table[req.req_pool_idx, : max(req.cached_len, req.kv_allocated_len)] == slot).any():
+                return False
+        return not any(getattr(node, "slot", None) == slot for node in scheduler.tree_cache._nodes())
+
     def disarm(self):
         if self.manager.perturber is not None:
             self.manager.perturber.restore()
             self.manager.perturber = None
+
+
+# Perturbation kinds whose corruption stays in its slot after the step (the others are undone after their forward).
+_LASTING = frozenset({"real_kv_layer", "real_kv_post_forward", "real_kv_unused_cache", "fingerprint_zeroed",
+                      "row_high_bit"})
 
 
 # ---------------------------------------------------------------------- helpers

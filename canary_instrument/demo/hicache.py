@@ -116,7 +116,7 @@ class ArmedHiCacheFault:
 
         return call
 
-    def poll(self):
+    def poll(self, violations: tuple = ()):
         self._send_returns()
         if self.injection is not None or self.fault.hicache_kind != "hicache_load_slots" or not self.armed.injections:
             return

@@ -141,7 +141,7 @@ class EngineBench:
         try:
             for _ in range(max_wait):
                 violations = self.step(workload)
-                armed.poll()
+                armed.poll(violations)
                 if armed.injection is None:
                     result.false_alarms.extend(violations)
                     continue

@@ -92,3 +92,43 @@ def test_long_clean_run_reports_nothing(slow_only, bench_for, variant):
         assert 0 < stats.accepted_drafts < stats.proposed_drafts
     if variant.layout == "swa":
         assert stats.swa_released_tokens > 0
+
+
+def test_a_lasting_corruption_in_a_slot_no_one_holds_is_drawn_again(bench_for):
+    """The matrix's rule for perturbations that stay in their slot: one whose slot no running request and no
+    prefix-cache node holds after its step (its request finished and the slot was freed) can never be
+    reported, so the perturbation is armed again; one in a slot still held is kept, as is one already reported."""
+    import random
+
+    from canary_instrument.demo.workload import Workload
+    from canary_instrument.runtime.perturb.injection import Injection
+
+    bench = bench_for(matrix.Variant("mha", False))
+    bench.reset()
+    workload = Workload(bench.engine, random.Random(0))
+    for _ in range(8):
+        bench.step(workload)
+    armed = FAULTS["layer_flip"].arm(bench.engine, random.Random(1))
+    try:
+        scheduler = bench.engine.scheduler
+        req = scheduler.running[0]
+        held = int(scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, 0])
+        free = int(scheduler.allocator.free_pages[0])
+
+        def flip(slot):
+            return Injection(step=1, kind="real_kv_layer", slot=slot, position=0, req=req.req_pool_idx,
+                             group="full", half="k")
+
+        assert not armed._unreadable(flip(held), ())
+        assert armed._unreadable(flip(free), ())
+        reported = bench.flush() + [_reported_fingerprint(req.req_pool_idx)]
+        assert not armed._unreadable(flip(free), reported)
+    finally:
+        armed.disarm()
+
+
+def _reported_fingerprint(req_pool_index):
+    from canary_instrument.runtime.violations import Violation
+
+    return Violation(kernel="pre_forward", group="full", half="k", slot=1, position=0, stored=0, expected=0,
+                     reasons=frozenset({"fingerprint"}), req_pool_index=req_pool_index, step=1)

@@ -86,6 +86,7 @@ def make_scenario(
     unfingerprinted: float = 0.0,
     layers: int = 1,
     device: str = "cpu",
+    same_history: bool = False,
 ) -> Scenario:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -96,6 +97,9 @@ def make_scenario(
         prefix = prefix_lens[r] if prefix_lens else rng.randint(0, max_prefix)
         extend = extend_lens[r] if extend_lens else rng.randint(0, max_extend)
         tokens = [rng.randrange(0, 128_000) for _ in range(prefix + extend + 1)]
+        if same_history and requests:  # request 0's tokens, as far as they go (the same history, other slots)
+            shared = min(len(tokens), len(requests[0].tokens))
+            tokens[:shared] = requests[0].tokens[:shared]
         requests.append(Request(pools[r], tokens, prefix, extend))
 
     free = list(range(1, full_slots))

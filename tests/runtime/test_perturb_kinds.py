@@ -33,11 +33,12 @@ finally:
     sys.path.remove(ENGINE_ROOT)
 
 
-def scenario(layout="mha", decode=False, v_half=True, seed=3):
+def scenario(layout="mha", decode=False, v_half=True, seed=3, prefix_lens=(12, 7, 9), same_history=False):
     n = 3
-    sc = make_scenario(layout, "partial", v_half, seed=seed, num_reqs=n, max_bs=4, prefix_lens=[12, 7, 9],
+    sc = make_scenario(layout, "partial", v_half, seed=seed, num_reqs=n, max_bs=4, prefix_lens=list(prefix_lens),
                        extend_lens=[1, 1, 1] if decode else [3, 1, 4], swa_window=5, max_context=40,
-                       full_slots=128, swa_slots=64, unfingerprinted=0.0, share_prefix=False)
+                       full_slots=128, swa_slots=64, unfingerprinted=0.0, share_prefix=False,
+                       same_history=same_history)
     return sc
 
 

@@ -48,6 +48,31 @@ def test_req_row_swap_is_an_identity_violation_that_forward_and_restored(layout,
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_req_row_swap_of_requests_with_the_same_history_changes_nothing_and_is_not_applied(layout, seed):
+    """Two requests with the same tokens hold the same KV: exchanging their rows is invisible and harmless."""
+    # Equal prefixes: on an SWA pool a longer request's window would reach slots the shorter one released.
+    sc = scenario(layout, decode=True, v_half=layout != "mla", seed=seed, prefix_lens=(9, 9, 9), same_history=True)
+    fb = forward_batch(sc, decode=True)
+    with_request_side(sc, fb)
+    pert = perturber("req_row_swap", sc.state, seed)
+    assert one_step(sc, fb, pert) == []
+    [injection] = pert.drain()
+    assert not injection.applied
+
+
+def test_req_row_swap_on_an_swa_pool_is_applied_where_one_window_reaches_below_the_other():
+    sc = scenario("swa", decode=True, seed=0, prefix_lens=(12, 7, 9), same_history=True)
+    fb = forward_batch(sc, decode=True)
+    with_request_side(sc, fb)
+    pert = perturber("req_row_swap", sc.state, 0)
+    found = one_step(sc, fb, pert)
+    [injection] = pert.drain()
+    assert injection.applied
+    assert score([injection], found).reported == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_write_slot_is_a_write_slot_violation_at_both_positions(layout, seed):
     sc = scenario(layout, v_half=layout != "mla", seed=seed)
     fb = forward_batch(sc)

@@ -6,7 +6,11 @@ slot than req_to_token names, and a slot freed while a request still reads it.
   reads a self-consistent prefix of the other's chain, which only the identity check reports
   (``identity`` at ``L - 1``); the longer one also breaks its link at ``L``. After the forward the
   entries are restored, and so are the links (and identity entries) of the rows the forward wrote
-  chained from the other's history: nothing is left for later reads to report.
+  chained from the other's history: nothing is left for later reads to report. Two requests whose first
+  ``L`` tokens are the same (a prompt sent twice, greedy outputs alike) hold the same KV there: the swap
+  then changes nothing either of them reads, and is logged ``applied=0`` (their rows at ``L - 1`` hold
+  the same token and link, the chain's digest of every token before); on an SWA pool only where both
+  prefixes are ``L`` (else the longer one's window reaches slots whose SWA rows the shorter one released).
 - ``write_slot`` (before the forward): two new tokens of the batch exchange their ``out_cache_loc``
   entries, so each one's KV lands in the other's slot; the post-forward pass reports ``write_slot`` at
   both positions. ``out_cache_loc`` is restored after the forward; the KV cannot be.
@@ -53,6 +57,13 @@ class ReqRowSwap:
         old_a, old_b = flat.index_select(0, at_a), flat.index_select(0, at_b)
         flat.index_copy_(0, at_a, old_b)
         flat.index_copy_(0, at_b, old_a)
+        # Equal histories (the same token and link at L - 1) make the swap invisible and harmless, unless the
+        # longer request's SWA window reaches below the shorter one's (whose SWA slots there are released).
+        rows = ctx.state.groups[0].rows
+        last_a, last_b = rows.index_select(0, old_a[-1:].to(torch.int64)), rows.index_select(0, old_b[-1:].to(torch.int64))
+        differs = (last_a[:, 0] != last_b[:, 0]) | (last_a[:, 2] != last_b[:, 2])
+        if ctx.state.swa_mapping is not None and facts.prefix[b] != length:
+            differs = torch.ones_like(differs)
 
         # The new rows of requests whose prefix is L chained from the other's row at L - 1.
         chained = [(req_a, facts.new[a])] + ([(req_b, facts.new[b])] if facts.prefix[b] == length else [])
@@ -67,7 +78,7 @@ class ReqRowSwap:
         return Planned(
             self.name, step, position=length - 1, extra=(("length", length),),
             device={"req": req_a, "other_req": req_b, "slot": old_a[-1:], "new_slot": old_b[-1:],
-                    "applied": (old_a != old_b).any().reshape(1)},
+                    "applied": (old_a != old_b).any().reshape(1) & differs},
             undo=undo,
         )
 
