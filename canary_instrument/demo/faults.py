@@ -149,8 +149,11 @@ class ArmedPerturbation:
         no running request and no prefix-cache node holds the slot (its request finished in the step and
         the slot was freed, say as a duplicate of a cached prefix; the next owner writes it anew). Like the
         other faults' candidates (`_candidates`), a corruption nobody reads again is not a trial."""
-        if done.kind not in _LASTING or done.group == "swa" or any(set(v.reasons) & self.fault.expected for v in violations):
-            return False  # (an SWA-group injection names its SWA slot, which the table does not hold)
+        # (An SWA-group injection names its SWA slot, which the table does not hold: left to its trial.)
+        if done.kind not in _LASTING or done.group == "swa":
+            return False
+        if any(set(v.reasons) & self.fault.expected for v in violations):
+            return False
         slot = done.slot
         scheduler = self.engine.scheduler
         table = scheduler.req_to_token_pool.req_to_token

@@ -12,10 +12,11 @@ forward that could read the row or slot does.
 
 Frees can come every step (an engine that frees each step's rejected drafts, as the ngram, DFlash and
 frozen-KV MTP verifies of sglang 0.5.13 do; its spec v2 workers keep them for the next window instead):
-each is noted as one copy of its slots into ``CanaryState.freed`` (on the stream current at the free), a fixed device buffer that
-every pre-forward op empties into the rows before its pass, inside the forward's CUDA graph when
-captured, so a step costs the host one device op. A free that does not fit the buffer, and every
-req-pool allocation, is applied by ops at the entry of the next forward site instead.
+each is noted as one copy of its slots into ``CanaryState.freed`` (on the stream current at the free),
+a fixed device buffer that every pre-forward op empties into the rows before its pass, inside the
+forward's CUDA graph when captured, so a free costs the host one device op. A free that does not fit
+the buffer, and every req-pool allocation, is applied by ops at the entry of the next forward site
+instead.
 """
 
 from __future__ import annotations

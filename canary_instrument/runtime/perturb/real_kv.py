@@ -206,8 +206,8 @@ class RealKvPostForward:
             return None
         if facts.mode == "verify":
             # Only a request's first verified position is sure to be kept: the draft guesses after it may be
-            # rejected (their slots freed, or written again by the next window), and a flip there is never read. Its position is the request's prefix, a
-            # device value when the batch has no host copy.
+            # rejected (their slots freed, or written again by the next window), and a flip there is never read.
+            # Its position is the request's prefix, a device value when the batch has no host copy.
             r = ctx.rng.randrange(facts.size)
             token = sum(facts.new[:r])
             position = facts.prefix[r] if facts.prefix is not None else facts.device_prefix[r : r + 1]

@@ -60,7 +60,8 @@ class ReqRowSwap:
         # Equal histories (the same token and link at L - 1) make the swap invisible and harmless, unless the
         # longer request's SWA window reaches below the shorter one's (whose SWA slots there are released).
         rows = ctx.state.groups[0].rows
-        last_a, last_b = rows.index_select(0, old_a[-1:].to(torch.int64)), rows.index_select(0, old_b[-1:].to(torch.int64))
+        last_a = rows.index_select(0, old_a[-1:].to(torch.int64))
+        last_b = rows.index_select(0, old_b[-1:].to(torch.int64))
         differs = (last_a[:, 0] != last_b[:, 0]) | (last_a[:, 2] != last_b[:, 2])
         if ctx.state.swa_mapping is not None and facts.prefix[b] != length:
             differs = torch.ones_like(differs)

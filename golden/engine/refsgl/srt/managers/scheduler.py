@@ -233,7 +233,8 @@ class Scheduler:
             batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, None)
             # The window's slots, as the worker's forwards read them from the table.
             columns = batch.seq_lens[:, None] + torch.arange(self.num_draft_tokens, device=self.device)
-            batch.out_cache_loc = self.req_to_token_pool.req_to_token[batch.req_pool_indices[:, None], columns].view(-1).long()
+            table = self.req_to_token_pool.req_to_token
+            batch.out_cache_loc = table[batch.req_pool_indices[:, None], columns].view(-1).long()
         else:
             batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots)
             # Request i's slot goes to position cached_len of its row.
