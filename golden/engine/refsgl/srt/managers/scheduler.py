@@ -223,19 +223,14 @@ class Scheduler:
 
     def _get_decode_batch(self) -> ScheduleBatch:
         reqs = list(self.running)
-        if self.num_draft_tokens:
-            self._reserve_verify_windows(reqs)
-        else:
-            slots = self.alloc_token_slots(len(reqs))
         for req in reqs:
             req.prefix_len, req.extend_len, req.is_last_chunk = req.cached_len, 1, True
         if self.num_draft_tokens:
+            # No out_cache_loc: the worker's forwards read their window's slots from the table.
+            self._reserve_verify_windows(reqs)
             batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, None)
-            # The window's slots, as the worker's forwards read them from the table.
-            columns = batch.seq_lens[:, None] + torch.arange(self.num_draft_tokens, device=self.device)
-            table = self.req_to_token_pool.req_to_token
-            batch.out_cache_loc = table[batch.req_pool_indices[:, None], columns].view(-1).long()
         else:
+            slots = self.alloc_token_slots(len(reqs))
             batch = ScheduleBatch(reqs, ForwardMode.DECODE, self.device, slots)
             # Request i's slot goes to position cached_len of its row.
             self._write_slot_columns(batch.req_pool_indices, batch.seq_lens, slots, 1)
