@@ -256,7 +256,13 @@ class Scan:
         taken: set[str] = set()  # files a search round found (analysed, or not analysable)
         parts = None
         while True:
-            graph = self.graph = CallGraph([(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach])
+            # Each round's reports join the tree after the earlier ones: the graph takes them in.
+            files = [(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach]
+            if self.graph is None:
+                self.graph = CallGraph(files)
+            else:
+                self.graph.add(files[len(self.graph.files):])
+            graph = self.graph
             wanted = callers_wanted(graph) - searched
             if not wanted or not self.others:
                 break

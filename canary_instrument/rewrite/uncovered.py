@@ -95,10 +95,11 @@ def callers_wanted(graph: CallGraph) -> set[tuple]:
             if cls is not None:
                 graph.unanalysed_bases[name].update(graph.unanalysed_base_names(cls))
     graph.bases_wanted = True
-    for key, fn in graph.defs.items():
-        for edge in fn.edges:
-            classes = owners.get(target_method(edge.target))
-            if classes and any(receiver_fits(_receiver_word(edge.target), c) for c in classes):
+    for name, classes in owners.items():
+        for key, edge in graph.calls.spelling.get(name, ()):
+            if target_method(edge.target) == name and any(
+                receiver_fits(_receiver_word(edge.target), c) for c in classes
+            ):
                 graph.resolve(key, edge.target, edge.call)
     graph.bases_wanted = False
     wanted.update(("define", name) for name in graph.missing)

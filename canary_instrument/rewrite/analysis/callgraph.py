@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from canary_instrument.rewrite.analysis.callgraph_links import CallIndex, link
 from canary_instrument.rewrite.analysis.modules import module_score
 from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts, target_method
 from canary_instrument.rewrite.syntax.naming import receiver_fits
@@ -26,7 +27,7 @@ class CallGraph:
     """Every function of the analysed files, with resolved edges both ways."""
 
     def __init__(self, files: list[tuple[Path, ReachFacts]]) -> None:
-        self.files = files
+        self.files: list[tuple[Path, ReachFacts]] = []
         self.defs: dict[DefKey, DefFacts] = {}
         self.classes: dict[ClassKey, object] = {}
         self.classes_by_name: dict[str, list[ClassKey]] = defaultdict(list)
@@ -34,15 +35,24 @@ class CallGraph:
         self.methods: dict[ClassKey, dict[str, DefKey]] = defaultdict(dict)
         self.methods_by_name: dict[str, list[DefKey]] = defaultdict(list)
         self.names: dict[str, set[str]] = defaultdict(set)
-        self.modules = [facts.module.split(".") if facts.module else [] for _, facts in files]
+        self.modules: list[list[str]] = []
         # Folder names of the analysed files: a qualified name through one (`sglang.srt.`) is of this
         # tree even when its file was not analysed; one through none (`torch.`, `typing.`) is outside it.
-        self.packages = {part for parts in self.modules for part in parts[:-1]}
+        self.packages: set[str] = set()
         self.missing: set[str] | None = None  # when a set: unanalysed classes of the tree that typed a receiver
         self.missing_from: set[tuple[str, str]] = set()  # with `missing`: (class, the module the code imports it from)
         self.bases_wanted = False  # with `missing`: also the unanalysed bases of a class whose attribute is unknown
         self.unanalysed_bases: dict[str, set[str]] = {}  # with `bases_wanted`: method name -> bases wanted (`instances`)
-        for index, (_, facts) in enumerate(files):
+        self._owners: dict[DefKey, ClassKey | None] = {}
+        self.calls = CallIndex()
+        self.add(files)
+
+    def add(self, files: list[tuple[Path, ReachFacts]]) -> None:
+        """Join more files' facts: the graph is then the one built from all the files so far, in order
+        (what is derived from the tree as a whole is derived again)."""
+        for index, (_, facts) in enumerate(files, start=len(self.files)):
+            self.modules.append(facts.module.split(".") if facts.module else [])
+            self.packages.update(self.modules[-1][:-1])
             for cls in facts.classes:
                 key = (index, cls.qualname)
                 self.classes[key] = cls
@@ -58,37 +68,30 @@ class CallGraph:
                     self.functions_by_name[fn.qualname].append(key)
             for name, types in facts.names:
                 self.names[name].update(types)
+            self.calls.add(index, facts)
+        self.files.extend(files)
         self._symbols: dict[str, list] = {}
         self._mro: dict[ClassKey, list[ClassKey]] = {}
         self._descendants: dict[ClassKey, list[ClassKey]] = {}
         self._method: dict[tuple, list[DefKey]] = {}
         self._resolved: dict[tuple, list[DefKey]] = {}
         self._active: set[tuple] = set()  # resolutions under way (what a receiver holds may lead back to them)
+        self._cut: set[tuple] = set()  # resolutions under way that a call inside them led back to
         self._bases: dict[ClassKey, list[ClassKey]] = {}
-        self._owners: dict[DefKey, ClassKey | None] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
         for key, cls in self.classes.items():
             bases = [b for q in cls.bases for b in self.classes_of(q)]
             self._bases[key] = bases
             for base in bases:
                 self.subclasses[base].append(key)
+        # Calls resolved, both ways, for the functions from which a path reaches a trigger
+        # (`callgraph_links.link`): the only ones `uncovered` asks about.
         self.callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
         self.callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
         # (caller, callee) pairs where the callee is only a subclass's override of the method the
         # receiver's class has: real calls, but a path shown in a finding goes another way if it can.
         self.weak: set[tuple[DefKey, DefKey]] = set()
-        for key, fn in self.defs.items():
-            out = []
-            for edge in fn.edges:
-                targets = self.resolve(key, edge.target, edge.call)
-                weak = getattr(targets, "overrides", None)
-                for target in targets:
-                    if target != key:
-                        out.append((target, edge))
-                        self.callers[target].append((key, edge))
-                        if weak and target in weak:
-                            self.weak.add((key, target))
-            self.callees[key] = out
+        link(self)
 
     # -- symbols -------------------------------------------------------------------------------------
     def symbol(self, qualified: str) -> list:
@@ -334,13 +337,18 @@ class CallGraph:
             if cached is not None:
                 return cached
         if memo in self._active:
+            self._cut.add(memo)
             return []  # a call whose receiver is what this very call returns: the code shows no more
         self._active.add(memo)
         try:
             found = self._resolve(caller, target, call)
         finally:
             self._active.discard(memo)
-        self._resolved[memo] = found
+            self._cut.discard(memo)
+        # A resolution cut short by one under way outside it is not kept: what is kept is what the
+        # resolution gives when asked first, whichever calls were resolved before.
+        if not self._cut:
+            self._resolved[memo] = found
         return found
 
     def _resolve(self, caller: DefKey, target: tuple, call: bool) -> list[DefKey]:
