@@ -20,7 +20,7 @@ from canary_instrument.rewrite.io.files import SourceError, decode_source, read_
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
 from canary_instrument.rewrite.analysis.modules import ModuleIndex
-from canary_instrument.rewrite.io.parallel import Pair
+from canary_instrument.rewrite.io.parallel import Pair, split
 from canary_instrument.rewrite.analysis.placement import Placement
 from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
@@ -92,7 +92,7 @@ class Scan:
         # Fork when there are enough bytes to read that a second process pays for itself.
         size = sum(files[i][1].st_size for i in todo if files[i][1] is not None)
         self.pair = Pair({
-            "examine": lambda i: self.examine(*files[i]), "find": self._find_side, "analyse": self._analyse_found,
+            "examine": lambda i: self.examine(*files[i]), "find": self._find_side,
             "handed": lambda key: self.analyse(Path(key), self.data.get(key), SITES | REACH),
         }, size)
         outcomes, sides = self.pair.map("examine", todo, weights)
@@ -275,22 +275,28 @@ class Scan:
             # not defined there is searched for in every file.
             imported = self._imported(wanted, stats)
             search = {entry for entry in wanted if entry[0] != "define" or entry[1] not in imported}
-            # Each side searches the files whose bytes it holds; the files found are then analysed on
-            # both sides, split by size (one side may find all of them). Reports join the tree in the
-            # order of the files, as one search over all of them would give.
+            # Each side searches the files whose bytes it holds and analyses those its search finds;
+            # the files the code imports a wanted class from, known before the search, are analysed
+            # meanwhile, split by size between the sides. Reports join the tree in the order of the
+            # files, as one search over all of them would give.
+            given = sorted({key for keys in imported.values() for key in keys if key not in taken},
+                           key=position.__getitem__)
+            skip = set(given) | self.kept.keys()  # analysed by the side given it, or the cache's report kept
+            fresh = [key for key in given if key not in self.kept]
+            shares = split([stats[key].st_size if stats[key] else 0 for key in fresh]) if self.pair.forked else (
+                range(len(fresh)), ())
+            calls = [(side, parts[side], search, taken, skip, [fresh[i] for i in shares[side]]) for side in (0, 1)]
             if self.pair.forked:
-                here, there = self.pair.both("find", (0, parts[0], search, taken), (1, parts[1], search, taken))
-                hits = here + there
+                here, there = self.pair.both("find", calls[0], calls[1])
             else:
-                hits = self._find_side(0, parts[0], search, taken) + self._find_side(1, parts[1], search, taken)
-            hits = sorted(set(hits) | {key for keys in imported.values() for key in keys if key not in taken},
-                          key=position.__getitem__)
-            fresh = [key for key in hits if key not in self.kept]
-            analysed, _ = self.pair.map("analyse", fresh, [stats[key].st_size if stats[key] else 0 for key in fresh])
-            found = list(zip(fresh, analysed)) + [(key, None) for key in hits if key in self.kept]
+                here, there = self._find_side(*calls[0]), self._find_side(*calls[1])
+            reports = {key: report for key, report in here + there if report is None}
+            reports.update((key, report) for key, report in here + there if report is not None)
+            hits = sorted(reports.keys() | set(given), key=position.__getitem__)
+            found = [(key, reports.get(key)) for key in hits]
             taken.update(hits)
             added = False
-            for key, report in sorted(found, key=lambda item: position[item[0]]):
+            for key, report in found:
                 if report is None:
                     report = CheckCache.payload(self.kept[key])
                 elif isinstance(report, SourceError):
@@ -346,16 +352,19 @@ class Scan:
                 totals[1 - heavy] += size[key]
         return parts
 
-    def _find_side(self, side: int, keys: list[str], wanted, taken) -> list[str]:
-        """The files among `keys` (this side's files, the same every round) that may call what `wanted`
-        names, `taken` (found by earlier rounds) aside. Runs on either side of the pair: bytes in
-        memory are only spared a read."""
-        if not keys:
-            return []
-        search = self._searches.get(side)
-        if search is None:
-            search = self._searches[side] = CallerSearch([self._bytes(key) for key in keys])
-        return [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked)) if keys[i] not in taken]
+    def _find_side(self, side: int, keys: list[str], wanted, taken, skip, given) -> list[tuple[str, object]]:
+        """(file, report) of the files among `keys` (this side's files, the same every round) that may call
+        what `wanted` names, `taken` (found by earlier rounds) aside, and of the files `given` to analyse;
+        a file found that is in `skip` (given to a side, or kept from the cache) is named without a
+        report. Runs on either side of the pair: bytes in memory are only spared a read."""
+        hits = []
+        if keys:
+            search = self._searches.get(side)
+            if search is None:
+                search = self._searches[side] = CallerSearch([self._bytes(key) for key in keys])
+            hits = [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked)) if keys[i] not in taken]
+        return [(key, None) if key in skip else (key, self._analyse_found(key)) for key in hits] + [
+            (key, self._analyse_found(key)) for key in given]
 
     def _analyse_found(self, key: str) -> FileReport | SourceError:
         """The call-graph report of a file the caller search found (its bytes read again where this
