@@ -16,7 +16,7 @@ from pathlib import Path
 
 from canary_instrument.rewrite.analysis.callgraph_links import CallIndex, link
 from canary_instrument.rewrite.analysis.modules import module_score
-from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts, target_method
+from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, ReachFacts, target_method
 from canary_instrument.rewrite.syntax.naming import receiver_fits
 
 DefKey = tuple[int, str]  # (file index, function qualname)
@@ -24,7 +24,7 @@ ClassKey = tuple[int, str]  # (file index, class qualname)
 
 
 class CallGraph:
-    """Every function of the analysed files, with resolved edges both ways."""
+    """Every function of the analysed files; the calls that can reach a trigger resolved both ways."""
 
     def __init__(self, files: list[tuple[Path, ReachFacts]]) -> None:
         self.files: list[tuple[Path, ReachFacts]] = []
@@ -48,8 +48,7 @@ class CallGraph:
         self.add(files)
 
     def add(self, files: list[tuple[Path, ReachFacts]]) -> None:
-        """Join more files' facts: the graph is then the one built from all the files so far, in order
-        (what is derived from the tree as a whole is derived again)."""
+        """Join more files' facts: the graph is then the one built from all the files so far, in order."""
         for index, (_, facts) in enumerate(files, start=len(self.files)):
             self.modules.append(facts.module.split(".") if facts.module else [])
             self.packages.update(self.modules[-1][:-1])
@@ -84,16 +83,10 @@ class CallGraph:
             self._bases[key] = bases
             for base in bases:
                 self.subclasses[base].append(key)
-        # Calls resolved, both ways, for the functions from which a path reaches a trigger
-        # (`callgraph_links.link`): the only ones `uncovered` asks about.
-        self.callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
-        self.callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
-        # (caller, callee) pairs where the callee is only a subclass's override of the method the
-        # receiver's class has: real calls, but a path shown in a finding goes another way if it can.
-        self.weak: set[tuple[DefKey, DefKey]] = set()
-        link(self)
+        # Calls resolved both ways (`callees`, `callers`, and the `weak` ones, to an override only) for
+        # the functions from which a path reaches a trigger: the only ones `uncovered` asks about.
+        self.callees, self.callers, self.weak = link(self)
 
-    # -- symbols -------------------------------------------------------------------------------------
     def symbol(self, qualified: str) -> list:
         """The tree's classes ("class", key, rest) or functions ("def", key) a qualified name names."""
         cached = self._symbols.get(qualified)
@@ -321,7 +314,6 @@ class CallGraph:
         resolved.overrides = frozenset(overrides)  # a subclass's override: a call that may not run there
         return resolved
 
-    # -- resolution ----------------------------------------------------------------------------------
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
         # What a call resolves to depends on the caller only through its file and class, and for a
         # qualified name or a receiver that is not `self`'s not at all (`_resolve`).

@@ -41,10 +41,15 @@ class CallIndex:
                     spelling[target[1].rpartition(".")[2]].append((key, edge))
 
 
-def link(graph: CallGraph) -> None:
-    """Fill `graph.callees`, `callers` and `weak` for every function from which a path reaches a trigger
-    or a KV-reading forward, in the order of the functions and their calls (as if every call were
-    resolved): a path shown in a finding is the first one found in that order."""
+def link(graph: CallGraph) -> tuple[dict, dict, set]:
+    """(callees, callers, weak) of every function from which a path reaches a trigger or a KV-reading
+    forward, in the order of the functions and their calls (as if every call were resolved): a path
+    shown in a finding is the first one found in that order. `weak`: the (caller, callee) pairs where
+    the callee is only a subclass's override of the method the receiver's class has (real calls, but
+    a path shown in a finding goes another way if it can)."""
+    callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
+    callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
+    weak_calls: set[tuple[DefKey, DefKey]] = set()
     spelling = graph.calls.spelling
     reaching = {key for key, fn in graph.defs.items() if fn.triggers or fn.kv}
     queue = deque(reaching)
@@ -65,10 +70,11 @@ def link(graph: CallGraph) -> None:
             for target in targets:
                 if target != key:
                     out.append((target, edge))
-                    graph.callers[target].append((key, edge))
+                    callers[target].append((key, edge))
                     if weak and target in weak:
-                        graph.weak.add((key, target))
-        graph.callees[key] = out
+                        weak_calls.add((key, target))
+        callees[key] = out
+    return callees, callers, weak_calls
 
 
 # The names a call target spells, one of which a function it resolves to is named by (`_names`): the

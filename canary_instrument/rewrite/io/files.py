@@ -12,7 +12,6 @@ import io
 import os
 import re
 import stat
-import tempfile
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,6 +297,8 @@ def write_atomic(path, data: bytes) -> bool:
                 return False
         except OSError:
             pass  # unreadable but maybe writable: let the write decide
+
+    import tempfile  # only a write needs it (and the `random` it imports): not check's start-up
 
     directory = target.parent
     tmp_name = None
