@@ -146,3 +146,38 @@ def test_module_level_code_is_an_entry_point(tree):
     [(name, line, message)] = ci301(tree)
     assert (name, line) == ("helpers.py", 2)
     assert "reached from module-level code of smoke: helpers.run" in message
+
+
+@pytest.mark.parametrize("case", [
+    "receiver_typed_through_returns_and_fields", "graph_runner_capturing_a_kv_reading_forward",
+    "path_through_the_caller_that_holds_the_class", "draft_runner_held_under_another_name",
+])
+def test_a_graph_that_takes_files_in_round_by_round_is_the_graph_of_all_of_them(tree, case):
+    # The caller search adds each round's files to the graph it built before (`CallGraph.add`): what CI301
+    # reads from it (the calls resolved both ways, the findings, what a search must look for) is what the
+    # graph of all the files built at once gives, whichever files came first.
+    from canary_instrument.catalog import load_catalog
+    from canary_instrument.rewrite.analysis.callgraph import CallGraph
+    from canary_instrument.rewrite.analysis.reach import reach_facts
+    from canary_instrument.rewrite.analysis.tree import parse_source, split_lines
+    from canary_instrument.rewrite.io.files import read_source
+    from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
+
+    tree.write(case_files.files("uncovered", ENGINE.name))
+    tree.write(case_files.files("uncovered", case))
+    catalog = load_catalog(tree.root)
+    files = []
+    for path in sorted(tree.root.rglob("*.py")):
+        source = read_source(path)
+        files.append((path, reach_facts(path, parse_source(source), split_lines(source.text), [], catalog)))
+
+    def read(graph):
+        return (graph.callees, dict(graph.callers), graph.weak, callers_wanted(graph),
+                uncovered_findings(files, catalog, graph))
+
+    whole = read(CallGraph(files))
+    assert whole[4], "the case reports a forward: the graphs compared hold one"
+    for split in range(1, len(files)):
+        graph = CallGraph(files[:split])
+        graph.add(files[split:])
+        assert read(graph) == whole
