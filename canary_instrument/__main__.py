@@ -1,4 +1,4 @@
-from canary_instrument.cli import main
+from canary_instrument.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

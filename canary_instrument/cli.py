@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 
 import click
 
 from canary_instrument import __version__
+
+_ENDED: set[str] = set()  # commands that have printed their result and left nothing to tear down (`run`)
 
 # Commands other parts of the package provide: name -> (module, attribute).
 LAZY_COMMANDS = {
@@ -141,7 +144,32 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
     # The interpreter's exit runs one last collection, collector off or not, over every object the
     # run left (the reports, the call graph): frozen, they are skipped; the process ends here.
     gc.freeze()
+    _ENDED.add("check")
     sys.exit(result.exit_code)
+
+
+def run() -> None:
+    """The console script and `python -m canary_instrument`: `main`, and once `check` has printed its
+    result, the end of the process without freeing every object the run built (as mypy's `hard_exit`:
+    a cold check's teardown is a few percent of its time). Output is flushed first; its cache is
+    written and its second process reaped before. In-process callers (click's test runner, other
+    tools) call `main`, which exits as usual."""
+    try:
+        main()
+    except SystemExit as done:
+        if "check" not in _ENDED:
+            raise
+        code = done.code
+        if not isinstance(code, int):
+            if code is not None:
+                print(code, file=sys.stderr)
+            code = 0 if code is None else 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a reader that went away: nothing more can be told it
+        os._exit(code)
 
 
 def _escape_data(text: str) -> str:

@@ -127,3 +127,17 @@ def test_a_no_op_apply_does_not_import_libcst(engine):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "libcst" not in proc.stderr
+
+
+@pytest.mark.parametrize("output_format", ["text", "json", "github"])
+def test_the_console_script_prints_checks_whole_result_and_its_exit_code_through_a_pipe(engine, output_format):
+    # `check` ends its process without the interpreter's teardown (`cli.run`): what it printed must all
+    # reach a reader of the pipe, and the exit code be check's, as when it runs in this process.
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "canary_instrument", "check", "--no-cache", "--format", output_format, str(engine)],
+        capture_output=True, text=True, env=env,
+    )
+    in_process = invoke("check", "--no-cache", "--format", output_format, engine)
+    assert proc.returncode == in_process.exit_code == 1
+    assert proc.stdout == in_process.output and proc.stdout.endswith("\n") and proc.stderr == ""

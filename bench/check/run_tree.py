@@ -9,7 +9,7 @@ tree, *args = sys.argv[1:]
 # An editable install's finder would resolve the package to the installed checkout whatever the path says.
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") and "editable" not in repr(f)]
 sys.path.insert(0, tree)
-from canary_instrument.cli import main  # noqa: E402
+from canary_instrument import cli  # noqa: E402
 
 sys.argv = ["canary-instrument", *args]
-main()
+getattr(cli, "run", cli.main)()  # the console script's entry (`run`; `main` in trees before it)
