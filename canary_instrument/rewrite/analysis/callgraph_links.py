@@ -4,7 +4,9 @@ a trigger or a KV-reading forward.
 `uncovered` asks the call graph only about such functions (whether a path reaches one outside every
 site, who calls one, whether one is exposed); a function that reaches none can call one of them only
 by spelling its name, so they are found backwards from the triggers, by name, and no other call of
-the tree is resolved.
+the tree is resolved. Every caller of such a function is one too, and none of the others is on a
+path to one: leaving their calls unresolved changes neither which of them is exposed nor the first
+path found to it (`uncovered.exposed` meets them in the same order).
 """
 
 from __future__ import annotations
