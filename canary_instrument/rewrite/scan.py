@@ -66,6 +66,7 @@ class Scan:
         self.pair = Pair({}, 0)  # this process and, once `files` forks one, the child that read half the tree
         self.side: dict[str, int] = {}  # the side of the pair that read each file this run (0: this process)
         self._searches: dict[int, CallerSearch] = {}  # each side's caller search over its files
+        self._modules: ModuleIndex | None = None  # the files no rule needed, by module (`_imported`)
 
     @cached_property
     def prefilter(self) -> Prefilter:
@@ -320,7 +321,7 @@ class Scan:
                 modules.setdefault(entry[2], set()).add(entry[1])
         if not modules:
             return {}
-        index = ModuleIndex(list(stats))
+        index = self._modules = self._modules or ModuleIndex(list(stats))  # `stats`: the same files every round
         found: dict[str, list[str]] = {}
         for module, names in modules.items():
             for key in index.files([module]):
