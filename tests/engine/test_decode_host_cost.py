@@ -112,9 +112,8 @@ def test_step_frees_leave_the_allocators_as_request_by_request_frees(refsgl, lay
 
     def flush_entry_by_entry():
         pending, reference._pending_frees = reference._pending_frees, []
-        for is_release, row, start, end in pending:
-            slots = reference.req_to_token_pool.req_to_token[row, start:end].long()
-            (reference.allocator.free_swa if is_release else reference.allocator.free)(slots)
+        for row, start, end in pending:
+            reference.allocator.free_swa(reference.req_to_token_pool.req_to_token[row, start:end].long())
 
     reference._flush_kv_frees = flush_entry_by_entry
 

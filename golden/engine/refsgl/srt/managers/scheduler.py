@@ -78,8 +78,8 @@ class Scheduler:
             )
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        # Frees _process_result defers to _flush_kv_frees: (is SWA release, req-pool row, start, end).
-        self._pending_frees: list[tuple[bool, int, int, int]] = []
+        # SWA window releases _process_result defers to _flush_kv_frees: (req-pool row, start, end).
+        self._pending_frees: list[tuple[int, int, int]] = []
         self.chunked_req: Optional[Req] = None
         self.finished: list[Req] = []
         self.forward_ct = 0
@@ -306,34 +306,28 @@ class Scheduler:
     def _release_out_of_window(self, req: Req):
         new_start = max(0, req.cached_len - self.sliding_window)
         if new_start > req.swa_evicted_seqlen:
-            self._pending_frees.append((True, req.req_pool_idx, req.swa_evicted_seqlen, new_start))
+            self._pending_frees.append((req.req_pool_idx, req.swa_evicted_seqlen, new_start))
             self.stats.swa_released_tokens += new_start - req.swa_evicted_seqlen
             req.swa_evicted_seqlen = new_start
 
     def _flush_kv_frees(self):
-        """Free the deferred slots as freeing them entry by entry in the order deferred would (`free_swa`
-        for SWA window releases, `free` for any other entry), with a fixed number of torch calls."""
+        """Release the deferred SWA window holds as `free_swa` entry by entry in the order deferred would,
+        with a fixed number of torch calls."""
         pending, self._pending_frees = self._pending_frees, []
         if not pending:
             return
-        rows, columns, release = [], [], []
+        rows, columns = [], []
         # Last entry first: the free lists take freed slots at the front, so one call on the
         # concatenation leaves them in the order that entry-by-entry calls would.
-        for is_release, row, start, end in reversed(pending):
+        for row, start, end in reversed(pending):
             rows.extend(itertools.repeat(row, end - start))
             columns.extend(range(start, end))
-            release.extend(itertools.repeat(int(is_release), end - start))
-        rows_t, columns_t, release_t = torch.tensor(
-            [rows, columns, release], dtype=torch.int64, device=self.device
-        ).unbind(0)
+        rows_t, columns_t = torch.tensor([rows, columns], dtype=torch.int64, device=self.device).unbind(0)
         slots = self.req_to_token_pool.req_to_token[rows_t, columns_t].long()
-        if not self.is_swa:
-            self.allocator.free(slots)
-        elif not self.allocator.free_and_release_swa(slots, release_t.bool()):
+        if not self.allocator.free_and_release_swa(slots, torch.ones_like(slots, dtype=torch.bool)):
             # A slot is listed twice (a prefix that requests share left their windows together): one by one.
-            for is_release, row, start, end in pending:
-                entry = self.req_to_token_pool.req_to_token[row, start:end].long()
-                (self.allocator.free_swa if is_release else self.allocator.free)(entry)
+            for row, start, end in pending:
+                self.allocator.free_swa(self.req_to_token_pool.req_to_token[row, start:end].long())
 
     def _finish(self, req: Req):
         self._flush_kv_frees()  # the frees of the requests before it come first
