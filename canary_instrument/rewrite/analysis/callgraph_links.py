@@ -14,21 +14,24 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
-from canary_instrument.rewrite.analysis.reach_records import Edge, ReachFacts
+from canary_instrument.rewrite.analysis.reach_records import METHOD_AT, Edge, ReachFacts
 
 if TYPE_CHECKING:
     from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
 
 
 class CallIndex:
-    """The calls of every function by each name they spell (`_NAME_AT`): kept as files join the graph,
-    since listing them meets every call of the tree."""
+    """The calls of every function by each name they spell: kept as files join the graph, since listing
+    them meets every call of the tree. A call spells the method it names (`METHOD_AT`, inlined from
+    `reach_records.target_method`), the last part of a nested function's name, and every part of a
+    qualified name (`mod.f.cache_clear` resolves to `f`, `mod.Cls(...)` to its `__init__`): one of them
+    names each function it resolves to (`_names`)."""
 
     def __init__(self) -> None:
         self.spelling: dict[str, list[tuple[DefKey, Edge]]] = defaultdict(list)
 
     def add(self, index: int, facts: ReachFacts) -> None:
-        spelling, name_at = self.spelling, _NAME_AT
+        spelling, name_at = self.spelling, METHOD_AT
         for fn in facts.defs:
             key = (index, fn.qualname)
             for edge in fn.edges:
@@ -77,13 +80,6 @@ def link(graph: CallGraph) -> tuple[dict, dict, set]:
                         weak_calls.add((key, target))
         callees[key] = out
     return callees, callers, weak_calls
-
-
-# The names a call target spells, one of which a function it resolves to is named by (`_names`): the
-# method it names (at this position of the target, `reach_records.target_method`), the last part of a
-# nested function's name, every part of a qualified name (`mod.f.cache_clear` resolves to `f`,
-# `mod.Cls(...)` to its `__init__`).
-_NAME_AT = {"self": 1, "super": 1, "name": 1, "attr": 2, "var": 2, "typed": 2, "ret": 2}
 
 
 def _names(graph: CallGraph, key: DefKey) -> set[str]:

@@ -34,14 +34,15 @@ MODULE = "<module>"  # the pseudo-function holding a file's top-level (and class
 #   ("get", sources, a)      attribute `a` of what `sources` hold (`capture.decode.runner`)
 
 
+# Where in a call target of each kind the method it names stands (none for a qualified name or a
+# nested function).
+METHOD_AT = {"self": 1, "super": 1, "name": 1, "attr": 2, "var": 2, "typed": 2, "ret": 2}
+
+
 def target_method(target: tuple) -> str | None:
     """The method a call target names, None for a qualified name or a nested function."""
-    kind = target[0]
-    if kind in ("self", "super", "name"):
-        return target[1]
-    if kind in ("attr", "var", "typed", "ret"):
-        return target[2]
-    return None
+    position = METHOD_AT.get(target[0])
+    return target[position] if position is not None else None
 
 
 def _pickled_as_call(cls):
