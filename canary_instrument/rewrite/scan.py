@@ -8,7 +8,6 @@ into its `FileReport`.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.io.cache import CheckCache, content_hash
 from canary_instrument.rewrite.analysis.callgraph import CallGraph
-from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
+from canary_instrument.rewrite.io.files import SourceError, decode_source, read_bytes, read_source
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.analysis.locate import analyse
 from canary_instrument.rewrite.analysis.modules import ModuleIndex
@@ -24,6 +23,7 @@ from canary_instrument.rewrite.io.parallel import Pair, split
 from canary_instrument.rewrite.analysis.placement import Placement
 from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
+from canary_instrument.rewrite.io.search_memo import SearchMemo
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
@@ -145,7 +145,7 @@ class Scan:
     def examine(self, key: str, st) -> tuple:
         """(size, mtime, inode, hash, needs, payload) of a file the cache's stat does not vouch for."""
         try:
-            data = _read(key, st)
+            data = read_bytes(key, st)
         except OSError:
             return (None, None, None, b"", SITES | REACH, self.analyse(Path(key), None, SITES | REACH))
         digest = content_hash(data) if self.cache is not None else b""
@@ -241,7 +241,9 @@ class Scan:
         The call graph of the analysed files says which functions matter; a byte search of the other
         files finds their callers (`CallerSearch`). While the candidate files and the files that search
         found are those of the cache's run, so is the outcome, unless a changed file matches one of
-        the names that run searched for: then only the changed files are read."""
+        the names that run searched for: then only the changed files are read. Else a round that looks
+        for what a round of the last search looked for reads only the files that search did not see
+        (`SearchMemo`)."""
         if not self.catalog.triggers:
             return
         candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
@@ -251,11 +253,13 @@ class Scan:
             if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
                 for key in memo[2]:
                     self.reports[key] = CheckCache.payload(self.kept[key])
+                SearchMemo(self.cache, self.changed).save(set())
                 return
         searched: set = set()
         found_keys: list[str] = []
         taken: set[str] = set()  # files a search round found (analysed, or not analysable)
         parts = None
+        searches = SearchMemo(self.cache, self.changed)  # the last search's hits per round
         while True:
             # Each round's reports join the tree after the earlier ones: the graph takes them in.
             files = [(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach]
@@ -272,6 +276,7 @@ class Scan:
                 parts = self._parts()
                 position = {key: index for index, (key, _) in enumerate(self.others)}
                 stats = dict(self.others)
+                unvouched = searches.fresh(list(stats))  # files the last search's hits say nothing of
             # A class wanted for its definition is looked for where the code imports it from; only one
             # not defined there is searched for in every file.
             imported = self._imported(wanted, stats)
@@ -286,11 +291,21 @@ class Scan:
             fresh = [key for key in given if key not in self.kept]
             shares = split([stats[key].st_size if stats[key] else 0 for key in fresh]) if self.pair.forked else (
                 range(len(fresh)), ())
-            calls = [(side, parts[side], search, taken, skip, [fresh[i] for i in shares[side]]) for side in (0, 1)]
-            if self.pair.forked:
-                here, there = self.pair.both("find", calls[0], calls[1])
+            entries = frozenset(search)
+            known = searches.hits(entries)
+            if known is not None:  # a round of the last search: only the files it did not see are read
+                new, here = self._find_side(2, unvouched, search, taken, skip, fresh)
+                known.update(new)
+                here += self._reports_of(sorted(known - set(new), key=position.__getitem__), taken, skip, [])
+                there = []
             else:
-                here, there = self._find_side(*calls[0]), self._find_side(*calls[1])
+                calls = [(side, parts[side], search, taken, skip, [fresh[i] for i in shares[side]]) for side in (0, 1)]
+                if self.pair.forked:
+                    (mine, here), (theirs, there) = self.pair.both("find", calls[0], calls[1])
+                else:
+                    (mine, here), (theirs, there) = self._find_side(*calls[0]), self._find_side(*calls[1])
+                known = {*mine, *theirs}
+            searches.record(entries, known)
             reports = {key: report for key, report in here + there if report is None}
             reports.update((key, report) for key, report in here + there if report is not None)
             hits = sorted(reports.keys() | set(given), key=position.__getitem__)
@@ -309,6 +324,7 @@ class Scan:
                 added = True
             if not added:
                 break  # the call graph just built is the tree's: all it wants was searched for
+        searches.save(self.seen.keys() - stats.keys() if parts is not None else set())
         if self.cache is not None:
             self.cache.set_extra(EXPANSION, (candidates, frozenset(searched), frozenset(found_keys)))
 
@@ -353,18 +369,23 @@ class Scan:
                 totals[1 - heavy] += size[key]
         return parts
 
-    def _find_side(self, side: int, keys: list[str], wanted, taken, skip, given) -> list[tuple[str, object]]:
-        """(file, report) of the files among `keys` (this side's files, the same every round) that may call
-        what `wanted` names, `taken` (found by earlier rounds) aside, and of the files `given` to analyse;
-        a file found that is in `skip` (given to a side, or kept from the cache) is named without a
-        report. Runs on either side of the pair: bytes in memory are only spared a read."""
+    def _find_side(self, side: int, keys: list[str], wanted, taken, skip, given) -> tuple[list[str], list]:
+        """The files among `keys` (this side's files, the same every round; 2: the files the last search
+        did not see) that may call what `wanted` names, and (file, report) of those `taken` (found by
+        earlier rounds) leaves and of the files `given` to analyse (`_reports_of`). Runs on either side
+        of the pair: bytes in memory are only spared a read."""
         hits = []
         if keys:
             search = self._searches.get(side)
             if search is None:
                 search = self._searches[side] = CallerSearch([self._bytes(key) for key in keys])
-            hits = [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked)) if keys[i] not in taken]
-        return [(key, None) if key in skip else (key, self._analyse_found(key)) for key in hits] + [
+            hits = [keys[i] for i in sorted(search.find(wanted, two_cores=not self.pair.forked))]
+        return hits, self._reports_of(hits, taken, skip, given)
+
+    def _reports_of(self, hits: list[str], taken, skip, given) -> list[tuple[str, object]]:
+        """(file, report) of the `hits` not `taken` and of the files `given`; a hit in `skip` (given to a
+        side, or kept from the cache) is named without a report."""
+        return [(key, None) if key in skip else (key, self._analyse_found(key)) for key in hits if key not in taken] + [
             (key, self._analyse_found(key)) for key in given]
 
     def _analyse_found(self, key: str) -> FileReport | SourceError:
@@ -372,20 +393,3 @@ class Scan:
         side does not hold them)."""
         return self.analyse(Path(key), self.data.get(key), REACH)
 
-
-def _read(path: str, st: os.stat_result | None) -> bytes:
-    """A file's bytes, read by its descriptor in one read of one byte more than its size (a file object
-    costs more than the read itself for the small files most of a tree is). A shorter read is the end of
-    a regular file; anything else (a file that grew, a pipe named on the command line) is read on to its end."""
-    size = st.st_size if st is not None else 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        chunk = os.read(fd, size + 1)
-        if len(chunk) <= size and st is not None and stat.S_ISREG(st.st_mode):
-            return chunk
-        chunks = [chunk]
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-    finally:
-        os.close(fd)

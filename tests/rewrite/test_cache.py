@@ -14,6 +14,7 @@ import pytest
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite import scan as scan_module
 from canary_instrument.rewrite.io.cache import FOLDER, CheckCache
+from canary_instrument.rewrite.io.search_memo import SearchMemo
 from canary_instrument.rewrite.check import check_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,14 +169,20 @@ def test_the_cli_caches_at_the_git_root_and_no_cache_writes_nothing(engine, tmp_
     assert FOLDER not in status  # the folder ignores itself
 
 
-def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_cold_run(tmp_path, examined,
-                                                                                       monkeypatch):
-    from test_uncovered import EAGER, MODEL_RUNNER
-
-    searched = []
+@pytest.fixture
+def searched(monkeypatch) -> list:
+    """Files whose bytes the caller search read again (those a run examines it holds already)."""
+    seen = []
     original = scan_module.Scan._bytes
-    monkeypatch.setattr(scan_module.Scan, "_bytes", lambda self, key: searched.append(os.path.basename(key))
+    monkeypatch.setattr(scan_module.Scan, "_bytes", lambda self, key: seen.append(os.path.basename(key))
                         or original(self, key))
+    return seen
+
+
+@pytest.fixture
+def forward_tree(tmp_path):
+    """A model runner whose eager runner's forward path the caller search follows into other files."""
+    from test_uncovered import EAGER, MODEL_RUNNER
 
     from rewrite_trees import Tree
 
@@ -187,10 +194,16 @@ def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_co
         "pkg/srt/tools/report.py": "def report(rows):\n    return len(rows)\n",
     })
     age(tree.root)
+    return tree
 
-    def ci301(result):
-        return [(f.path.name, f.line) for f in result.findings if f.code == "CI301"]
 
+def ci301(result):
+    return [(f.path.name, f.line) for f in result.findings if f.code == "CI301"]
+
+
+def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_cold_run(forward_tree, tmp_path, examined,
+                                                                                       searched):
+    tree = forward_tree
     assert ci301(run(tree.root, tmp_path / "cache")) == []
     examined.clear()
     searched.clear()
@@ -203,3 +216,72 @@ def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_co
     warm = run(tree.root, tmp_path / "cache")
     assert ci301(warm) == [("eager.py", 9)]
     assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
+
+
+BENCH = ("from pkg.srt.runners.eager import EagerRunner\n\n\n"
+         "def bench(runner: EagerRunner, batch):\n    return runner.execute(batch)\n")
+
+
+def test_an_edited_model_runner_that_wants_the_same_callers_reads_no_other_file(forward_tree, tmp_path, examined,
+                                                                                searched):
+    tree = forward_tree
+    tree.write({"pkg/srt/tools/bench.py": BENCH})  # a caller the search finds
+    age(tree.root)
+    assert ci301(run(tree.root, tmp_path / "cache")) == [("eager.py", 9)]
+    examined.clear()
+    searched.clear()
+    runner = tree.root / "pkg/srt/model_executor/model_runner.py"
+    runner.write_text(runner.read_text() + "\n\ndef describe(model_runner):\n    return type(model_runner).__name__\n")
+    warm = run(tree.root, tmp_path / "cache")
+    # The call graph is built again and asks for the callers it asked for last time: the last search's
+    # hits stand for every file unchanged since, so no other file is read (bench.py's report is kept).
+    assert examined == ["model_runner.py"] and searched == []
+    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
+
+
+def test_a_file_edited_while_nothing_was_searched_is_searched_again_by_the_next_search(forward_tree, tmp_path,
+                                                                                     searched):
+    tree = forward_tree
+    run(tree.root, tmp_path / "cache")
+    report = tree.root / "pkg/srt/tools/report.py"
+    report.write_text("def report(rows):\n    return len(rows) + 1\n")
+    run(tree.root, tmp_path / "cache")  # the analysed files as they were: only report.py is read
+    searched.clear()
+    runner = tree.root / "pkg/srt/model_executor/model_runner.py"
+    runner.write_text(runner.read_text() + "\n")
+    warm = run(tree.root, tmp_path / "cache")
+    assert searched == ["report.py"]  # changed since the search whose hits stand for the other files
+    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
+
+
+@pytest.mark.parametrize("edit", ["deleted", "no longer calling"])
+def test_a_caller_the_last_search_found_and_changed_since_is_not_taken_from_it(forward_tree, tmp_path, edit):
+    tree = forward_tree
+    bench = tree.root / "pkg/srt/tools/bench.py"
+    tree.write({"pkg/srt/tools/bench.py": BENCH})
+    age(tree.root)
+    assert ci301(run(tree.root, tmp_path / "cache")) == [("eager.py", 9)]
+    if edit == "deleted":
+        bench.unlink()
+    else:
+        bench.write_text(BENCH.replace("runner.execute(batch)", "batch"))
+    runner = tree.root / "pkg/srt/model_executor/model_runner.py"
+    runner.write_text(runner.read_text() + "\n")
+    warm = run(tree.root, tmp_path / "cache")
+    cold = check_tree([tree.root], load_catalog(tree.root))
+    assert ci301(warm) == [] and (outcome(warm), warm.files_analysed) == (outcome(cold), cold.files_analysed)
+
+
+def test_the_last_search_vouches_only_for_the_files_it_searched_unchanged_since():
+    cache = CheckCache(None, None)  # its `extra` only: what the next run finds
+    wanted = frozenset({("call", "execute", "EagerRunner")})
+    first = SearchMemo(cache, changed=set())
+    assert first.fresh(["a.py", "b.py"]) is None and first.hits(wanted) is None  # no search before
+    first.record(wanted, {"a.py", "b.py"})
+    first.save(unsearched={"handed.py"})  # analysed then (handed to graph capture), not searched
+    second = SearchMemo(cache, changed={"b.py"})
+    assert second.fresh(["a.py", "b.py", "handed.py", "c.py"]) == ["b.py", "handed.py"]
+    assert second.hits(wanted) == {"a.py"} and second.hits(frozenset()) is None
+    second.save(unsearched=set())  # searched nothing: b.py stays unvouched for the next search
+    third = SearchMemo(cache, changed=set())
+    assert third.fresh(["a.py", "b.py"]) == ["b.py"]
