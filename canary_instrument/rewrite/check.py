@@ -46,6 +46,7 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
     if scan.cache is not None:
         scan.cache.retain(scan.seen.keys())
         scan.cache.save()
+    result.work = scan
     return result
 
 
