@@ -116,7 +116,8 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
     paths = paths or (".",)
     catalog = _load_catalog(paths, catalog_file)
     cache = None if no_cache else CheckCache.open(paths, catalog, cache_dir)
-    result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache)
+    # This process ends once the result is printed (`run`): nothing the run built need be freed before.
+    result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache, keep_work=True)
     diagnostics = [*result.errors, *result.findings]
     if output_format == "json":
         import json  # here, not at the top: the default text output does not need it

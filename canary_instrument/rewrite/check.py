@@ -23,10 +23,15 @@ from canary_instrument.rewrite.scan import RESULT, Scan
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
-def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
-    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
+def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None, keep_work: bool = False) -> RunResult:
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again.
+
+    `keep_work`: for a caller that ends its process once it has the result (the console script): nothing
+    the run built (the syntax trees, the bytes read, the reports, the call graph) is freed before the
+    result is, since freeing it takes time such a caller need not spend (bench/check/PROFILE.md). A
+    process that goes on, with its cyclic collector on, is better served by freeing them early."""
     result = RunResult()
-    scan = Scan(catalog, result, cache, file_report)
+    scan = Scan(catalog, result, cache, file_report, keep_trees=keep_work)
     files = []
     for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
@@ -46,7 +51,8 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
     if scan.cache is not None:
         scan.cache.retain(scan.seen.keys())
         scan.cache.save()
-    result.work = scan
+    if keep_work:
+        result.work = scan
     return result
 
 

@@ -47,7 +47,8 @@ class Scan:
     which keeps the bytes of the files it read: the caller search runs on each side over those.
     """
 
-    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None, report_of: ReportOf) -> None:
+    def __init__(self, catalog: Catalog, result: RunResult, cache: CheckCache | None, report_of: ReportOf,
+                 keep_trees: bool = False) -> None:
         self.catalog = catalog
         self.report_of = report_of  # a parsed file's report: the rules, applied by check
         self.result = result
@@ -67,9 +68,9 @@ class Scan:
         self.side: dict[str, int] = {}  # the side of the pair that read each file this run (0: this process)
         self._searches: dict[int, CallerSearch] = {}  # each side's caller search over its files
         self._modules: ModuleIndex | None = None  # the files no rule needed, by module (`_imported`)
-        # The syntax trees and lines of the files analysed, freed with the scan, not as each file is done:
-        # freeing a tree costs a sixth of its parse, which a run that ends its process unfreed skips.
-        self._parsed: list = []
+        # With `keep_trees` (check_tree's `keep_work`), the syntax trees and lines of the files analysed
+        # are freed with the scan, not as each file is done.
+        self._parsed: list | None = [] if keep_trees else None
 
     @cached_property
     def prefilter(self) -> Prefilter:
@@ -190,7 +191,8 @@ class Scan:
             if not needs & SITES and not (needs & REACH and self.catalog.triggers):
                 return FileReport(path=path, placement=self._placement(path, needs))
             lines = split_lines(source.text)
-            self._parsed.append((tree, lines))  # see __init__
+            if self._parsed is not None:
+                self._parsed.append((tree, lines))  # see __init__
             spans = []
             if needs & SITES:
                 parsed = ParsedFile(source, tree, lines, analyse(path, tree, self.catalog, lines))
@@ -257,7 +259,7 @@ class Scan:
             if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
                 for key in memo[2]:
                     self.reports[key] = CheckCache.payload(self.kept[key])
-                SearchMemo(self.cache, self.changed).save(set())
+                SearchMemo(self.cache, self.changed).age()
                 return
         searched: set = set()
         found_keys: list[str] = []
@@ -296,12 +298,11 @@ class Scan:
             shares = split([stats[key].st_size if stats[key] else 0 for key in fresh]) if self.pair.forked else (
                 range(len(fresh)), ())
             entries = frozenset(search)
-            known = searches.hits(entries)
-            if known is not None:  # a round of the last search: only the files it did not see are read
+            reused = searches.hits(entries)
+            if reused is not None:  # a round of the last search: only the files it did not see are read
                 new, here = self._find_side(2, unvouched, search, taken, skip, fresh)
-                known.update(new)
-                here += self._reports_of(sorted(known - set(new), key=position.__getitem__), taken, skip, [])
-                there = []
+                here += self._reports_of(sorted(reused, key=position.__getitem__), taken, skip, [])
+                there, known = [], reused.union(new)
             else:
                 calls = [(side, parts[side], search, taken, skip, [fresh[i] for i in shares[side]]) for side in (0, 1)]
                 if self.pair.forked:
@@ -374,10 +375,10 @@ class Scan:
         return parts
 
     def _find_side(self, side: int, keys: list[str], wanted, taken, skip, given) -> tuple[list[str], list]:
-        """The files among `keys` (this side's files, the same every round; 2: the files the last search
-        did not see) that may call what `wanted` names, and (file, report) of those `taken` (found by
-        earlier rounds) leaves and of the files `given` to analyse (`_reports_of`). Runs on either side
-        of the pair: bytes in memory are only spared a read."""
+        """The files among `keys` (this side's files, the same every round; side 2: the files the last
+        search did not see) that may call what `wanted` names, and (file, report) of those not `taken`
+        (found by earlier rounds) and of the files `given` to analyse (`_reports_of`). Runs on either
+        side of the pair: bytes in memory are only spared a read."""
         hits = []
         if keys:
             search = self._searches.get(side)

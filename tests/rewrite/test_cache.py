@@ -282,6 +282,6 @@ def test_the_last_search_vouches_only_for_the_files_it_searched_unchanged_since(
     second = SearchMemo(cache, changed={"b.py"})
     assert second.fresh(["a.py", "b.py", "handed.py", "c.py"]) == ["b.py", "handed.py"]
     assert second.hits(wanted) == {"a.py"} and second.hits(frozenset()) is None
-    second.save(unsearched=set())  # searched nothing: b.py stays unvouched for the next search
+    second.age()  # searched nothing: b.py stays unvouched for the next search
     third = SearchMemo(cache, changed=set())
     assert third.fresh(["a.py", "b.py"]) == ["b.py"]

@@ -69,9 +69,8 @@ class RunResult:
     files_seen: int = 0
     files_analysed: int = 0
     written: bool = False
-    # What the command built on the way (check's scan of the tree: the bytes it read, its reports, the
-    # call graph), freed with the result rather than on the command's return: the console script ends
-    # the process right after printing, without the time freeing it costs (a few percent of a cold check).
+    # What the command built on the way, where its caller asked to keep it (`check_tree(keep_work=True)`):
+    # freed with the result rather than on the command's return.
     work: object = field(default=None, repr=False, compare=False)
 
     @property

@@ -99,7 +99,7 @@ class Pair:
                 os.close(request_write)
                 os.close(reply_read)
                 replies = os.fdopen(reply_write, "wb")
-                _reply(replies, lambda: self._take(name, items, chunks, queue_read))
+                _reply(replies, lambda: self._take(name, items, chunks, queue_read, packed=True))
                 self._serve(os.fdopen(request_read, "rb"), replies)
                 status = 0
             finally:
@@ -111,14 +111,17 @@ class Pair:
         self._replies = os.fdopen(reply_read, "rb")
         return self._take(name, items, chunks, queue_read)
 
-    def _take(self, name: str, items: Sequence, chunks: list[list[int]], queue: int) -> list:
-        """Compute the chunks this side takes from the queue until it is empty: [(index, result)]."""
+    def _take(self, name: str, items: Sequence, chunks: list[list[int]], queue: int, packed: bool = False) -> list:
+        """Compute the chunks this side takes from the queue until it is empty: [(index, result)]. The
+        child (`packed`) pickles each result as it is done, while the queue still shares the work, rather
+        than all of them at the end while this process waits for them."""
         function = self.functions[name]
         done = []
         try:
             while token := os.read(queue, _TOKEN.size):  # a read of the pipe takes a whole token or none
                 for index in chunks[_TOKEN.unpack(token)[0]]:
-                    done.append((index, function(items[index])))
+                    value = function(items[index])
+                    done.append((index, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if packed else value))
         finally:
             os.close(queue)
         return done
@@ -194,7 +197,7 @@ class Pair:
         (this process then computes them)."""
         pairs = self._child_reply()
         if pairs is not None:
-            values = dict(pairs)
+            values = {index: pickle.loads(value) for index, value in pairs}  # packed by the child's `_take`
             if all(index in values for index in wanted):
                 return values, 1
         self.close()

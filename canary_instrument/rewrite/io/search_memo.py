@@ -53,11 +53,15 @@ class SearchMemo:
         self._ran[entries] = frozenset(hits)
 
     def save(self, unsearched: set[str]) -> None:
-        """Keep this run's rounds, searched over every file but `unsearched`; a run that searched nothing
-        only marks its changed files as not vouched for."""
-        if self._cache is None:
-            return
-        if self._ran:
+        """Keep this run's rounds, searched over every file but `unsearched` (or, where it searched
+        nothing, `age` the last search's)."""
+        if not self._ran:
+            self.age()
+        elif self._cache is not None:
             self._cache.set_extra(SEARCHES, (frozenset(unsearched), frozenset(), self._ran))
-        elif self._rounds and not self._changed <= self._stale:
+
+    def age(self) -> None:
+        """Keep the last search's rounds for a run that searched nothing: its changed files are no longer
+        vouched for."""
+        if self._cache is not None and self._rounds and not self._changed <= self._stale:
             self._cache.set_extra(SEARCHES, (self._unsearched, self._stale | self._changed, self._rounds))
