@@ -176,6 +176,9 @@ class TreeBench:
                 f"    entry: {' '.join(tool_command())} check\n    args: [.]\n    language: system\n"
                 "    pass_filenames: false\n    always_run: true\n"
             )
+        # A hook that does nothing: what `pre-commit run` itself costs on this tree, beside the 0.6 s bar.
+        config += ("- repo: local\n  hooks:\n  - id: noop\n    name: noop\n    entry: 'true'\n"
+                   "    language: system\n    pass_filenames: false\n    always_run: true\n")
         (self.repo / ".pre-commit-config.yaml").write_text(config)
         git("init", "-q", cwd=self.repo)
         git("add", "-A", cwd=self.repo)
@@ -228,6 +231,7 @@ class TreeBench:
             argv = [pre_commit, "run", "--all-files", "canary-instrument-check"]
             fns["`pre-commit run --all-files canary-instrument-check` (warm)"] = \
                 lambda: timed_run(argv, cwd=self.repo, env=self.env, ok=(0, 1))[:2]
+            fns[NOOP] = lambda: timed_run([pre_commit, "run", "--all-files", "noop"], cwd=self.repo, env=self.env)[:2]
         return fns
 
     def findings(self) -> dict:
@@ -321,6 +325,9 @@ def report(results: dict, argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+NOOP = "`pre-commit run --all-files noop` (a hook that does nothing)"
+
+
 def bars(rows: dict) -> list[str]:
     out = []
     base = rows.get("ast-grep")
@@ -334,10 +341,12 @@ def bars(rows: dict) -> list[str]:
     if warm:
         out.append(f"- bar, warm check <= 0.5 s: median {warm['median']:.3f} s "
                    f"({'met' if warm['median'] <= 0.5 else 'MISSED'})")
-    pc = next((r for k, r in rows.items() if k.startswith("`pre-commit run")), None)
+    pc = next((r for k, r in rows.items() if k.startswith("`pre-commit run") and k != NOOP), None)
     if pc:
+        noop = rows.get(NOOP)
         out.append(f"- bar, whole `pre-commit run` <= 0.6 s warm: median {pc['median']:.3f} s "
-                   f"({'met' if pc['median'] <= 0.6 else 'MISSED'})")
+                   f"({'met' if pc['median'] <= 0.6 else 'MISSED'})"
+                   + (f"; pre-commit with a hook that does nothing: {noop['median']:.3f} s" if noop else ""))
     return out
 
 
