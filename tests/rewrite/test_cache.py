@@ -285,3 +285,5 @@ def test_the_last_search_vouches_only_for_the_files_it_searched_unchanged_since(
     second.age()  # searched nothing: b.py stays unvouched for the next search
     third = SearchMemo(cache, changed=set())
     assert third.fresh(["a.py", "b.py"]) == ["b.py"]
+    most = SearchMemo(cache, changed={"a.py", "c.py"})  # most files changed: the whole search runs again
+    assert most.fresh(["a.py", "b.py", "c.py"]) is None and most.hits(wanted) is None

@@ -35,11 +35,14 @@ class SearchMemo:
 
     def fresh(self, others: list[str]) -> list[str] | None:
         """The files of `others` (this run's files to search) the last search's hits say nothing of
-        (None: there was no last search)."""
+        (None: there was no last search, or it says nothing of most of them: a search of most files
+        gains little from it, and runs on both cores where this one runs on one)."""
         if not self._rounds:
             return None
         outdated = self._changed | self._stale | self._unsearched
         fresh = [key for key in others if key in outdated]
+        if 2 * len(fresh) > len(others):
+            return None
         self._vouched = set(others).difference(fresh)
         return fresh
 
