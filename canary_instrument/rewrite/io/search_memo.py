@@ -31,7 +31,7 @@ class SearchMemo:
         stored = cache.extra.get(SEARCHES) if cache is not None else None
         self._unsearched, self._stale, self._rounds = stored if stored is not None else (frozenset(), frozenset(), {})
         self._ran: dict[frozenset, frozenset[str]] = {}  # this run's rounds
-        self._vouched: set[str] | None = None  # the files to search whose hits the last search's say
+        self._vouched: set[str] | None = None  # the files to search that the last search's hits stand for
 
     def fresh(self, others: list[str]) -> list[str] | None:
         """The files of `others` (this run's files to search) the last search's hits say nothing of
