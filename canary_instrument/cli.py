@@ -142,10 +142,7 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
             click.echo(str(item))
         if diagnostics:
             click.echo("Found " + _summary_counts(result) + f" ({result.files_seen} files, {result.files_analysed} analysed).")
-    # The interpreter's exit runs one last collection, collector off or not, over every object the
-    # run left (the reports, the call graph): frozen, they are skipped; the process ends here.
-    gc.freeze()
-    _ENDED.add("check")
+    _ENDED.add("check")  # `run` ends the process here, without the interpreter's exit
     sys.exit(result.exit_code)
 
 

@@ -253,19 +253,19 @@ class Scan:
         if not self.catalog.triggers:
             return
         candidates = self._digest(k for k, n in self.needs.items() if n) if self.cache is not None else None
+        searches = SearchMemo(self.cache, self.changed)  # the last search's hits per round
         memo = self.cache.extra.get(EXPANSION) if self.cache is not None else None
         if memo is not None and memo[0] == candidates and all(k in self.kept and k not in self.changed for k in memo[2]):
             changed = [key for key, _ in self.others if key in self.changed and key not in memo[2]]
             if not changed or not CallerSearch([self._bytes(key) for key in changed]).find(memo[1]):
                 for key in memo[2]:
                     self.reports[key] = CheckCache.payload(self.kept[key])
-                SearchMemo(self.cache, self.changed).age()
+                searches.age()
                 return
         searched: set = set()
         found_keys: list[str] = []
         taken: set[str] = set()  # files a search round found (analysed, or not analysable)
         parts = None
-        searches = SearchMemo(self.cache, self.changed)  # the last search's hits per round
         while True:
             # Each round's reports join the tree after the earlier ones: the graph takes them in.
             files = [(r.path, r.reach) for r in self.reports.values() if r is not None and r.reach]
@@ -295,8 +295,6 @@ class Scan:
                            key=position.__getitem__)
             skip = set(given) | self.kept.keys()  # analysed by the side given it, or the cache's report kept
             fresh = [key for key in given if key not in self.kept]
-            shares = split([stats[key].st_size if stats[key] else 0 for key in fresh]) if self.pair.forked else (
-                range(len(fresh)), ())
             entries = frozenset(search)
             reused = searches.hits(entries)
             if reused is not None:  # a round of the last search: only the files it did not see are read
@@ -304,6 +302,8 @@ class Scan:
                 here += self._reports_of(sorted(reused, key=position.__getitem__), taken, skip, [])
                 there, known = [], reused.union(new)
             else:
+                shares = split([stats[key].st_size if stats[key] else 0 for key in fresh]) if self.pair.forked else (
+                    range(len(fresh)), ())
                 calls = [(side, parts[side], search, taken, skip, [fresh[i] for i in shares[side]]) for side in (0, 1)]
                 if self.pair.forked:
                     (mine, here), (theirs, there) = self.pair.both("find", calls[0], calls[1])
