@@ -107,12 +107,13 @@ def main():
 def check(paths, catalog_file, output_format, no_cache, cache_dir):
     """Check that every catalogued site holds a placeholder or its wiring, nothing is stray or half-wired,
     and no forward path runs outside every catalogued site. Exit 0 clean, 1 findings, 2 errors."""
+    # A short-lived process whose syntax trees reference counting frees: the cyclic collector's passes
+    # cost more than they find (bench/check/RESULTS.md), so this command runs without it, from the
+    # import of the rewriter on (whose classes and functions are what the collector would scan then).
+    gc.disable()
     from canary_instrument.rewrite.io.cache import CheckCache
     from canary_instrument.rewrite.check import check_tree
 
-    # A short-lived process whose syntax trees reference counting frees: the cyclic collector's passes
-    # cost more than they find (bench/check/RESULTS.md), so this command runs without it.
-    gc.disable()
     paths = paths or (".",)
     catalog = _load_catalog(paths, catalog_file)
     cache = None if no_cache else CheckCache.open(paths, catalog, cache_dir)
