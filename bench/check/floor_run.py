@@ -12,7 +12,9 @@ import sys
 
 tree, srt = sys.argv[1:]
 # An editable install's finder would resolve the package to the installed checkout whatever the path says.
-sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") and "editable" not in repr(f)]
+sys.meta_path[:] = [
+    f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") and "editable" not in repr(f)
+]
 sys.path.insert(0, tree)
 from canary_instrument import cli  # noqa: E402
 from canary_instrument.rewrite import scan  # noqa: E402

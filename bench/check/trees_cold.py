@@ -8,7 +8,8 @@ rounds' ratios (a round's runs follow each other, so a machine whose speed drift
 `--floor`, each tree also runs with its analysis taken out (`floor_run.py`: start-up, imports, walk, reading,
 byte scan and the parse of the files the rules would analyse): what no rule can spare.
 
-    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 [--ast-grep] [--one-core] [--floor]
+    python bench/check/trees_cold.py --tree before=/tmp/eb --tree after=. --sglang 0.5.20 --rounds 7 \
+        [--ast-grep] [--one-core] [--floor]
 """
 
 from __future__ import annotations
