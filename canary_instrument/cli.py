@@ -109,7 +109,7 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
     and no forward path runs outside every catalogued site. Exit 0 clean, 1 findings, 2 errors."""
     # A short-lived process whose syntax trees reference counting frees: the cyclic collector's passes
     # cost more than they find (bench/check/RESULTS.md), so this command runs without it, from the
-    # import of the rewriter on (whose classes and functions are what the collector would scan then).
+    # rewriter's imports on (their allocations alone would start a dozen passes).
     gc.disable()
     from canary_instrument.rewrite.io.cache import CheckCache
     from canary_instrument.rewrite.check import check_tree

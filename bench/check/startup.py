@@ -4,8 +4,9 @@ Each step runs in fresh interpreters (this one's executable: run it with a plain
 a pre-commit hook runs), one after the other in each round, and is timed inside the interpreter from the
 step's first statement (the start-up line: the whole process, measured outside). The steps add up as a
 `check` meets them: click and the command line, then the rewriter's modules with the cyclic collector off
-(as `cli.check` imports them), then the catalog loaded and its byte-scan regexes compiled. The last line
-says how much of the rewriter's import is spent making its dataclasses (`dataclasses._process_class`).
+(as `cli.check` imports them; the line after, with it on), then the catalog loaded and its byte-scan
+regexes compiled. The last line says how much of the rewriter's import is spent making its dataclasses
+(`dataclasses._process_class`).
 
     <venv>/bin/python bench/check/startup.py --tree . --repeat 15
 """
@@ -23,6 +24,10 @@ STEPS = {
     "click and the command line (`canary_instrument.cli`)": ("", "import canary_instrument.cli"),
     "the rewriter's modules, collector off": (
         "import canary_instrument.cli, gc; gc.disable()",
+        "import canary_instrument.rewrite.check, canary_instrument.rewrite.io.cache",
+    ),
+    "the same with the collector on": (
+        "import canary_instrument.cli",
         "import canary_instrument.rewrite.check, canary_instrument.rewrite.io.cache",
     ),
     "the catalog loaded, the prefilter built": (
