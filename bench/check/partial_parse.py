@@ -9,7 +9,10 @@ implementation could not know before parsing), and replaces by `...` the body of
 top-level class whose text spells none of those names, no `self.<attribute> =` assignment, no import,
 and none of the catalog's trigger, model-runner or canary words. It then times parse, site analysis and
 reach facts of each analysed file whole and so cut (least of `--repeat` runs, this process's CPU) and
-prints the files that cost most and the totals.
+prints the files that cost most and the totals. Last, the share of those files' syntax nodes that lie in
+functions the final graph resolves calls of (those from which a path reaches a trigger or a KV-reading
+forward, and those with a call spelling one of their names): what a reach walk that worked out a call's
+target only where the graph asks could leave out, at most.
 
     python bench/check/partial_parse.py --sglang 0.5.22 --repeat 5
 """
@@ -29,7 +32,7 @@ from bench_check import find_sglang  # this folder's benchmark: where the releas
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite import scan
 from canary_instrument.rewrite.analysis.locate import analyse
-from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
+from canary_instrument.rewrite.analysis.reach import MODULE, reach_facts, site_spans
 from canary_instrument.rewrite.analysis.tree import parse_source, split_lines
 from canary_instrument.rewrite.check import check_tree
 from canary_instrument.rewrite.io import parallel
@@ -130,6 +133,40 @@ def main() -> None:
     whole, part = sum(r[0] for r in rows), sum(r[1] for r in rows)
     print(f"| all {len(rows)} | {sum(r[2] for r in rows):,} | {sum(r[3] for r in rows):,} | {whole * 1000:.1f} "
           f"| {part * 1000:.1f} ({(1 - part / whole) * 100:.0f} % less) |")
+    reaching = set(graph.callees)
+    named = {fn.qualname.rpartition(".")[2] for key, fn in graph.defs.items() if key in reaching}
+    asked = reaching | {caller for name in named for caller, _ in graph.calls.spelling.get(name, ())}
+    counts = [0, 0, 0]  # all nodes, in reaching functions, in those or their callers by name
+    for index, (path, _) in enumerate(graph.files):
+        for qualname, nodes in function_nodes(ast.parse(Path(path).read_text(encoding="utf-8"))):
+            counts[0] += nodes
+            counts[1] += nodes if (index, qualname) in reaching else 0
+            counts[2] += nodes if (index, qualname) in asked else 0
+    print(f"\nsyntax nodes in functions the graph resolves calls of: {counts[1] / counts[0]:.1%} "
+          f"({len(reaching)} of {len(graph.defs)} functions); with those whose calls it resolves by name: "
+          f"{counts[2] / counts[0]:.1%} of {counts[0]:,}")
+
+
+def function_nodes(tree: ast.Module):
+    """(qualname as `reach` names it, syntax nodes of its own body) for the module's code and every
+    function, each node counted in the innermost function holding it."""
+    out = []
+
+    def visit(node, qualname: str, cls: str | None) -> None:
+        own = 0
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = f"{cls}.{child.name}" if cls else (
+                    child.name if qualname == MODULE else f"{qualname}.<locals>.{child.name}")
+                visit(child, inner, None)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, qualname, f"{cls}.{child.name}" if cls else child.name)
+            else:
+                own += sum(1 for _ in ast.walk(child))
+        out.append((qualname, own))
+
+    visit(tree, MODULE, None)
+    return out
 
 
 if __name__ == "__main__":
