@@ -10,12 +10,10 @@ call graph; the output means nothing. `trees_cold.py --floor` times it beside th
 
 import sys
 
+from run_tree import use_tree  # this folder's: the tool imported from the given tree
+
 tree, srt = sys.argv[1:]
-# An editable install's finder would resolve the package to the installed checkout whatever the path says.
-sys.meta_path[:] = [
-    f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") and "editable" not in repr(f)
-]
-sys.path.insert(0, tree)
+use_tree(tree)
 from canary_instrument import cli  # noqa: E402
 from canary_instrument.rewrite import scan  # noqa: E402
 from canary_instrument.rewrite.report import FileReport  # noqa: E402

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from bench_check import find_sglang  # this folder's benchmark: where the releases are
+from run_tree import use_tree  # this folder's: the tool imported from the given tree
 
 
 def main() -> None:
@@ -26,8 +27,7 @@ def main() -> None:
     parser.add_argument("--sglang", default="0.5.22")
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
-    sys.path.insert(0, args.tree)
+    use_tree(args.tree)
     from canary_instrument.catalog import load_catalog
     from canary_instrument.rewrite import scan
     from canary_instrument.rewrite.check import check_tree

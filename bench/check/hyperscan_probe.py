@@ -21,6 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from run_tree import use_tree  # this folder's: the tool imported from the given tree
+
 RUN_TREE = Path(__file__).with_name("run_tree.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +45,7 @@ def held(db, words: list[bytes], data: bytes) -> set[bytes]:
 
 def run_probe(tree: str, args: list[str]) -> None:
     """`check ARGS` from TREE, its prefilter and caller search fed by Hyperscan passes."""
-    sys.path.insert(0, tree)
+    use_tree(tree)
     from canary_instrument import cli
     from canary_instrument.rewrite.io import callers, prefilter
 
@@ -100,7 +102,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--one-core", action="store_true")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
     from bench_check import PATTERN, find_sglang, timed_run  # this folder's benchmark: its timing and trees
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

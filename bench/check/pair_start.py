@@ -19,9 +19,10 @@ from pathlib import Path
 
 PROBE = r"""
 import contextlib, io, json, os, sys, tempfile, time
-tree, srt, log = sys.argv[1:4]
-sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
-sys.path.insert(0, tree)
+tree, srt, log, here = sys.argv[1:5]
+sys.path.insert(0, here)
+from run_tree import use_tree
+use_tree(tree)
 import canary_instrument.rewrite.io.parallel as parallel
 import canary_instrument.rewrite.scan as scan
 examine, start_map = scan.Scan.examine, parallel.Pair.map
@@ -56,7 +57,8 @@ with open(log, "a") as out:
 def one(tree: str, srt: Path, log: Path) -> tuple[float, float, float]:
     log.write_text("")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-c", PROBE, tree, str(srt), str(log)], check=True, env=env)
+    subprocess.run([sys.executable, "-c", PROBE, tree, str(srt), str(log), str(Path(__file__).parent)], check=True,
+                   env=env)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     _, start, end, parent = next(r for r in rows if r[0] == "map")
     firsts = {}

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 STEPS = {
     "start-up (`python -c pass`, whole process)": None,
@@ -47,7 +48,9 @@ STEPS = {
 
 TEMPLATE = """
 import sys, time
-sys.path.insert(0, {tree!r})
+sys.path.insert(0, {here!r})
+from run_tree import use_tree
+use_tree({tree!r})
 {setup}
 t = time.perf_counter()
 elapsed = None
@@ -62,7 +65,7 @@ def once(tree: str, step) -> float:
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         return time.perf_counter() - start
     setup, body = step
-    code = TEMPLATE.format(tree=tree, setup=setup, step=body)
+    code = TEMPLATE.format(here=str(Path(__file__).parent), tree=tree, setup=setup, step=body)
     return float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
 
 

@@ -18,11 +18,10 @@ import tempfile
 import time
 from collections import defaultdict
 
+from run_tree import use_tree  # this folder's: the tool imported from the given tree
+
 tree, srt = sys.argv[1:]
-sys.meta_path[:] = [
-    f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") and "editable" not in repr(f)
-]
-sys.path.insert(0, tree)
+use_tree(tree)
 START = time.perf_counter()
 SPANS: list[tuple[int, str, float, float]] = []
 from canary_instrument import cli  # noqa: E402
