@@ -89,7 +89,7 @@ _TOP_KEYS = {f.name for f in fields(Catalog)} - {"sources"} | {"default", "catal
 
 
 def _known(cls) -> set[str]:
-    return {f.name for f in fields(cls)} | (_EXTENDS if cls in (Site, Hook) else set())
+    return {f.name for f in fields(cls) if not f.metadata.get("internal")} | (_EXTENDS if cls in (Site, Hook) else set())
 
 
 def _unknown(source: str, where: str, table: dict, cls) -> None:
@@ -286,6 +286,11 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
             raise CatalogError(f"{source}: {where}.wiring: uses {{loop_index}} but the site has no `loop = true`")
         if not values["placeholder"].isidentifier():
             raise CatalogError(f"{source}: {where}.placeholder: expected an identifier, got {values['placeholder']!r}")
+        if not values["calls"] and (values.get("shape") != "wrap" or values.get("loop") or values.get("requires")):
+            raise CatalogError(
+                f"{source}: {where}.calls: empty: only a `shape = \"wrap\"` role without `loop` or `requires` may "
+                "name no calls (scaffold places it on uncovered forward paths only)"
+            )
         candidates = locations(entry, where)
         manager = entry.get("manager")
         if manager is None:

@@ -6,7 +6,7 @@ They are evaluated when the classes are made (no postponed annotations), so the 
 they are instead of resolving strings on every run.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Literal
 
@@ -58,6 +58,9 @@ class Location:
     classes: tuple[str, ...] = ("*",)
     methods: tuple[str, ...] = ("*",)
     manager: str | None = None
+    # Lines of the method the site must guard: set by scaffold for a site on an uncovered forward path
+    # (rewrite/analysis/cover.py), never read from a catalog file.
+    lines: tuple[int, ...] = field(default=(), metadata={"internal": True})
 
     def matches_path(self, posix_path: str) -> bool:
         return path_matches(posix_path, self.path)
@@ -100,7 +103,9 @@ class Site:
     role: str
     placeholder: str
     shape: Literal["wrap", "with_item", "argument"]  # wrap, with_item: it guards a with block; argument: it is passed to a call
-    calls: tuple[str, ...]  # what the guarded block (or the call receiving the placeholder) calls
+    # What the guarded block (or the call receiving the placeholder) calls. Empty: a role scaffold places
+    # only on an uncovered forward path, around the calls it goes on by; found by its placeholder's name.
+    calls: tuple[str, ...] = field(metadata=EMPTY_OK)
     wiring: str  # expression; `{loop_index}` is the enclosing for-loop's variable
     manager: str  # a [managers.NAME] key
     candidates: tuple[Location, ...] = ()
@@ -178,6 +183,11 @@ class Catalog:
     @property
     def placeholder_names(self) -> frozenset[str]:
         return frozenset(site.placeholder for site in self.sites)
+
+    def with_locations(self, extra: dict[str, tuple[Location, ...]]) -> "Catalog":
+        """The catalog with more location hints for some roles (role -> hints)."""
+        sites = tuple(replace(s, candidates=s.candidates + tuple(extra.get(s.role, ()))) for s in self.sites)
+        return replace(self, sites=sites)
 
     def locations(self):
         """Every (entry, location) pair: sites first, then hooks."""

@@ -83,6 +83,16 @@ def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
     return [f for f in result.findings if f.code == UNCOVERED_FORWARD]
 
 
+def uncovered_graph(paths, catalog: Catalog):
+    """(the check's result, the call graph CI301 judged the tree by; None when the tree holds no trigger)."""
+    from canary_instrument.rewrite.analysis.callgraph import CallGraph
+
+    result = check_tree(paths, catalog, keep_work=True)
+    scan, result.work = result.work, None
+    files = [(r.path, r.reach) for r in scan.reports.values() if r is not None and r.reach is not None]
+    return result, CallGraph(files) if files else None
+
+
 def tree_findings(reports: list[FileReport], catalog: Catalog) -> list[Finding]:
     """The findings of a whole tree from its files' reports."""
     wired = any(report.wired for report in reports)

@@ -33,16 +33,30 @@ def uncovered_findings(files: list[tuple[Path, ReachFacts]], catalog: Catalog, g
         return []
     graph = graph or CallGraph(files)
     via = exposed(graph)
-    kv = kv_reaching(graph)
+    return [ci301_uncovered_forward.finding(graph, key, trigger, via) for key, trigger in _exposed_triggers(graph, via)]
+
+
+def uncovered_paths(graph: CallGraph) -> list[tuple[DefKey, TriggerCall, list[DefKey]]]:
+    """Each exposed trigger as (its function, the trigger, the path root..function that reaches it)."""
+    via = exposed(graph)
     out = []
+    for key, trigger in _exposed_triggers(graph, via):
+        chain = [key]
+        while via[chain[-1]] is not None and via[chain[-1]] not in chain:
+            chain.append(via[chain[-1]])
+        out.append((key, trigger, chain[::-1]))
+    return out
+
+
+def _exposed_triggers(graph: CallGraph, via: dict):
+    kv = kv_reaching(graph)
     for key, fn in graph.defs.items():
         for trigger in fn.triggers:
             if trigger.site is not None or key not in via:
                 continue
             if trigger.kind == "graph" and not graph_reads_kv(graph, key, trigger, kv):
                 continue
-            out.append(ci301_uncovered_forward.finding(graph, key, trigger, via))
-    return out
+            yield key, trigger
 
 
 def callers_wanted(graph: CallGraph) -> set[tuple]:

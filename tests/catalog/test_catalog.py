@@ -20,10 +20,13 @@ SITES = {
     "extend_decode": "canary_ctx",
     "extend_capture": "canary_ctx",
     "dummy_run": "canary_run_ctx",
+    # Placed only on an uncovered forward path (a start-up forward no other role describes).
+    "warmup": "canary_warmup_ctx",
+    "runner_warmup": "canary_warmup_ctx",
 }
 
 
-def test_bundled_catalog_has_the_eight_sites_and_four_hooks_of_the_sglang_series(tmp_path):
+def test_bundled_catalog_has_the_sites_and_four_hooks_of_the_sglang_series(tmp_path):
     catalog = load_catalog(tmp_path)
     assert {s.role: s.placeholder for s in catalog.sites} == SITES
     assert [h.role for h in catalog.hooks] == ["install", "init_finished", "draft_init_finished", "attach_cache"]
@@ -66,7 +69,7 @@ def test_catalog_file_can_replace_the_bundled_catalog(tmp_path):
     [
         ('[[sites]]\nrole = "capture"\nshape = "around"\n', "sites[role=capture].shape"),
         ('[[sites]]\nrole = "capture"\nwiring = "self.canary_ctx(active="\n', "sites[role=capture].wiring"),
-        ('[[sites]]\nrole = "capture"\ncalls = []\n', "sites[role=capture].calls"),
+        ('[[sites]]\nrole = "forward"\ncalls = []\n', "sites[role=forward].calls"),
         ('[[sites]]\nrole = "capture"\ncandidates = [{ path = "x.py", classes = ["A"], methods = ["m"], manager = "nope" }]\n',
          "sites[role=capture].candidates[0].manager"),
         ('[[sites]]\nrole = "capture"\ncandidates = [{ path = "x.py", klass = ["A"] }]\n', "sites[0].candidates[0].klass"),

@@ -82,12 +82,20 @@ def _assigned_name(stmt: ast.stmt) -> str | None:
     return None
 
 
-def _locate_wrap(site: Site, method) -> tuple | None:
-    """The deepest block in which one contiguous range of statements holds every call to any of `site.calls`."""
+def _locate_wrap(site: Site, method, lines: set[int] = frozenset(), spellings: dict | None = None) -> tuple | None:
+    """The deepest block in which one contiguous range of statements holds every call to any of `site.calls`
+    (and, given `lines`, every call on one of those lines); `spellings`: the class's own names of the
+    catalog's owners (`roles.owner_spellings`)."""
     targets = {
         id(call) for stmt in method.body for call in iter_calls(stmt)
-        if (name := dotted_name(call.func)) is not None and any(call_matches(name, p) for p in site.calls)
+        if (name := dotted_name(call.func)) is not None
+        and any(call_matches(in_catalog_spelling((name,), spellings or {})[0], p) for p in site.calls)
     }
+    if lines and (targets or not site.calls):
+        targets |= {
+            id(call) for stmt in method.body for call in iter_calls(stmt)
+            if any(call.lineno <= line <= (call.end_lineno or call.lineno) for line in lines)
+        }
     if not targets:
         return None
     best = None
@@ -119,6 +127,42 @@ def _locate_with_item(site: Site, method) -> tuple | None:
                 if best is None or _contains(best[3], stmt):
                     best = (block, owner, loops, stmt, stmt)
     return best
+
+
+def locate_role(function, cls, catalog: Catalog, imports: Imports, lines: list[str], on_path: set[int],
+                named: bool = True):
+    """(role, first line, last line) of a site scaffold can place in `function` (of class `cls`, None at module
+    level) around the lines `on_path`: a role that locates there and that the shape of the guarded code
+    resolves to, as it will once the placeholder is there; None when no role does. `named`: only roles that
+    name the calls they guard, else only those that name none."""
+    facts = _Facts(lines)(cls) if cls is not None else None
+    runner = function_model_runner(function, catalog.model_runner) if cls is None else None
+    spellings = owner_spellings(facts, catalog) if facts is not None else {}
+    aliases = local_aliases(function)
+    for site in catalog.sites:
+        if site.shape == "argument" or bool(site.calls) != named:
+            continue  # an argument is handed to a call that must take it: nothing scaffold can add
+        found = (_locate_wrap(site, function, on_path, spellings) if site.shape == "wrap"
+                 else _locate_with_item(site, function))
+        if found is None:
+            continue
+        _, _, loops, first, last = found
+        start, end = first_line(first), last.end_lineno or last.lineno
+        index = loop_index(loops)
+        if not any(start <= line <= end for line in on_path) or (site.loop and index is None):
+            continue
+        guarded = [name for stmt in (first,) if site.shape == "with_item" for name in call_names(stmt)] or [
+            name for block, _, _ in walk_blocks(function.body) if first in block
+            for stmt in block[block.index(first): block.index(last) + 1] for name in call_names(stmt)
+        ]
+        context = Context(
+            usage="with", calls=in_catalog_spelling(guarded, spellings), loop_index=index, facts=facts,
+            runner=runner, placeholder=site.placeholder, handwired=None, aliases=aliases,
+        )
+        resolution = resolve(context, catalog)
+        if resolution.site is site and not resolution.rivals:
+            return site, start, end
+    return None
 
 
 class _Facts:
@@ -336,7 +380,8 @@ def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog, fac
                         continue
                     if (id(method), site.role) in taken or (id(method), site.placeholder) in taken:
                         continue
-                    found = _locate_wrap(site, method) if site.shape == "wrap" else _locate_with_item(site, method)
+                    found = (_locate_wrap(site, method, set(location.lines), owner_spellings(facts(cls), catalog))
+                             if site.shape == "wrap" else _locate_with_item(site, method))
                     if found is None:
                         continue
                     block, owner, loops, first, last = found

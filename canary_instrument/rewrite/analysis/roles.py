@@ -126,7 +126,10 @@ def score(site: Site, context: Context, catalog: Catalog) -> int | None:
     """How specifically `site` describes the found site, or None when the role does not admit it."""
     if (site.shape == "argument") != (context.usage == "argument"):
         return None
-    if not matched_patterns(context.calls, site.required):
+    if not site.calls:
+        if context.placeholder != site.placeholder:
+            return None  # a role that names no call is its placeholder's alone
+    elif not matched_patterns(context.calls, site.required):
         return None
     if site.loop and context.loop_index is None:
         return None

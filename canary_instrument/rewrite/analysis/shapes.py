@@ -94,10 +94,20 @@ class ClassFacts(ClassScope):
             return True
         found = self.answers.get(("reaches", owner))
         if found is None:
-            # A ref that starts with `owner.` holds `owner` itself: each link of a chain is a ref.
-            found = self.answers[("reaches", owner)] = may_spell_chain(self.text, owner) and self.reads_where(
-                owner, lambda text: may_spell_chain(text, owner))
+            # A ref that starts with `owner.` holds `owner` itself: each link of a chain is a ref. A property
+            # of the class that `owner` names (`def draft_runner(self)`) is the attribute too.
+            found = self.answers[("reaches", owner)] = self.has_property(owner) or (
+                may_spell_chain(self.text, owner) and self.reads_where(owner, lambda text: may_spell_chain(text, owner))
+            )
         return found
+
+    def has_property(self, owner: str) -> bool:
+        """Whether `owner` (`self.x`) is a property the class defines."""
+        method = self.methods.get(owner[5:]) if owner.startswith("self.") and owner.count(".") == 1 else None
+        return method is not None and any(
+            (d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", None)) in ("property", "cached_property")
+            for d in method.decorator_list
+        )
 
     def held_as(self, owner: str, shape: ModelRunnerShape, draft_flag: str | None = None) -> str | None:
         """Where the class holds, under a name of its own, the model runner a manager's `owner` names.

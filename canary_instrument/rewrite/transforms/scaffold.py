@@ -7,8 +7,9 @@ the input (`prove_no_op`); a file that fails the proof is refused.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
-from canary_instrument.catalog import Catalog
+from canary_instrument.catalog import Catalog, Location
 from canary_instrument.rewrite.io.files import SourceError
 from canary_instrument.rewrite.findings import NOT_A_NO_OP
 from canary_instrument.rewrite.analysis.locate import FileAnalysis, _is_wrapper, analyse
@@ -90,8 +91,40 @@ def prove_no_op(parsed: ParsedFile, new_text: str, catalog: Catalog) -> None:
 
 
 def scaffold_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
-    """Insert placeholders at every located site that has none; write only proven no-op changes."""
-    return run_transform(
+    """Insert placeholders at every located site that has none, and on every forward path that runs
+    outside every site where a role's shape places one (`analysis.cover`); write only proven no-op
+    changes. A forward path no role can be placed on is reported (CI301)."""
+    catalog, unplaced = covering_catalog(paths, catalog)
+    result = run_transform(
         paths, catalog, plan_scaffold, write=write,
         verify=lambda parsed, new_text: prove_no_op(parsed, new_text, catalog),
     )
+    result.findings.extend(unplaced)
+    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    return result
+
+
+def covering_catalog(paths, catalog: Catalog) -> tuple[Catalog, list]:
+    """The catalog with a location hint for each site that covers an uncovered forward path, and CI301's
+    findings for the paths none covers."""
+    from canary_instrument.rewrite.analysis.cover import plan_cover
+    from canary_instrument.rewrite.check import uncovered_graph
+    from canary_instrument.rewrite.uncovered import uncovered_paths
+
+    _, graph = uncovered_graph(paths, catalog)
+    if graph is None:
+        return catalog, []
+    placements, unplaced = plan_cover(graph, catalog, uncovered_paths)
+    hints: dict[str, tuple[Location, ...]] = {}
+    for place in placements:
+        location = Location(
+            path=Path(place.path).as_posix(), classes=(place.cls,), methods=(place.method,), lines=place.lines)
+        hints[place.role] = hints.get(place.role, ()) + (location,)
+    findings = []
+    if unplaced:
+        from canary_instrument.rewrite.rules import ci301_uncovered_forward
+        from canary_instrument.rewrite.uncovered import exposed
+
+        via = exposed(graph)
+        findings = [ci301_uncovered_forward.finding(graph, key, trigger, via) for key, trigger, _ in unplaced]
+    return catalog.with_locations(hints), findings
