@@ -189,14 +189,14 @@ def _print_matrix(variants, results, swa_refusal=None):
 
 
 def _run_hicache(benches, variants, clean_steps: int, seed: int) -> list:
-    from canary_instrument.demo import hicache
+    from canary_instrument.demo import hicache_trials
 
     faults = [f for f in FAULTS.values() if f.hicache_kind is not None]
     runs = []
     for variant in variants:
         if faults and faults[0].applies(variant.layout, variant.eagle):
-            runs.append(hicache.run_layout(benches[variant].bench_for(faults[0]), faults,
-                                           hicache.clean_steps(clean_steps), seed))
+            runs.append(hicache_trials.run_layout(benches[variant].bench_for(faults[0]), faults,
+                                                  hicache_trials.clean_steps(clean_steps), seed))
     return runs
 
 
