@@ -59,7 +59,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from canary_instrument.demo import engine_copy, matrix  # noqa: E402
-from canary_instrument.runtime import install_canary, instance_wrap, mark_init_finished  # noqa: E402
+from canary_instrument.runtime import install_canary, mark_init_finished  # noqa: E402
+from canary_instrument.runtime.setup import instance_wrap  # noqa: E402
 from tests.runtime.mini_engine import ForwardBatch, ForwardMode  # noqa: E402
 
 DEFAULT_ENGINE_DIR = ROOT / "bench" / "_work" / "step_floor_engine"

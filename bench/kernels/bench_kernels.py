@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from canary_instrument.runtime import hashing, reference
-from canary_instrument.runtime.layers import attach_layers
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import hashing, reference
+from canary_instrument.runtime.passes.layers import attach_layers
+from canary_instrument.runtime.passes.state import (
     GROUP_FULL,
     GROUP_SWA,
     HALF_K,
@@ -48,10 +48,10 @@ from canary_instrument.runtime.state import (
     CanaryState,
     PlanInputs,
 )
-from canary_instrument.runtime.radix_walk import RadixCursor
-from canary_instrument.runtime.sweep import Sweeper
-from canary_instrument.runtime.sweep_triton import TritonSweepOps
-from canary_instrument.runtime.triton_ops import TritonCanaryOps
+from canary_instrument.runtime.features.radix_walk import RadixCursor
+from canary_instrument.runtime.features.sweep import Sweeper
+from canary_instrument.runtime.features.sweep_triton import TritonSweepOps
+from canary_instrument.runtime.passes.triton_ops import TritonCanaryOps
 
 KV_BYTES_PER_TOKEN = 128 * 1024  # Llama-3-8B: 32 layers x 8 KV heads x 128 dim x 2 (K, V) x 2 bytes
 LAYER0_ROW_WORDS = 8 * 128 * 2 // 8  # one layer's K (or V) row: 8 heads x 128 dim x bf16 = 2 KiB

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kernels as bk  # noqa: E402
 
-from canary_instrument.runtime import triton_ops  # noqa: E402
+from canary_instrument.runtime.passes import triton_ops  # noqa: E402
 
 SHAPES = [(8, 16384), (64, 4096), (256, 2048), (1024, 1024)]
 POOLS = (2049, 4097)

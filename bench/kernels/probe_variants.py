@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kernels as bk  # noqa: E402
 
 from canary_instrument.codegen.build import render_kernels  # noqa: E402
-from canary_instrument.runtime import triton_ops  # noqa: E402
-from canary_instrument.runtime.triton_ops import TritonCanaryOps  # noqa: E402
+from canary_instrument.runtime.passes import triton_ops  # noqa: E402
+from canary_instrument.runtime.passes.triton_ops import TritonCanaryOps  # noqa: E402
 
 CONFIGS = ((128, 4, 16), (128, 4, 8), (256, 8, 8))  # (BLOCK, num_warps, programs/SM)
 MAXNREG = (None, 64, 96)  # tried on the first configuration

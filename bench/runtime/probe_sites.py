@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from step_overhead import Case, timed_engine  # noqa: E402
 
 from canary_instrument.runtime import manager as M  # noqa: E402
-from canary_instrument.runtime.sites import Site  # noqa: E402
+from canary_instrument.runtime.setup.sites import Site  # noqa: E402
 
 
 def _key(site) -> str:

@@ -27,9 +27,9 @@ from kernels.scenario import make_scenario  # noqa: E402
 from runtime.mini_engine import ForwardMode  # noqa: E402
 
 from canary_instrument.runtime.manager import CanaryManager  # noqa: E402
-from canary_instrument.runtime.ops import get_ops  # noqa: E402
-from canary_instrument.runtime.settings import CanarySettings  # noqa: E402
-from canary_instrument.runtime.wiring import canary_context  # noqa: E402
+from canary_instrument.runtime.passes.ops import get_ops  # noqa: E402
+from canary_instrument.runtime.setup.settings import CanarySettings  # noqa: E402
+from canary_instrument.runtime.setup.wiring import canary_context  # noqa: E402
 
 
 def main() -> None:

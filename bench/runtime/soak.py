@@ -41,7 +41,7 @@ from canary_instrument.demo import engine_copy, matrix  # noqa: E402
 from canary_instrument.demo.workload import Workload  # noqa: E402
 from canary_instrument.runtime.perturb import KINDS, score_log  # noqa: E402
 from canary_instrument.runtime.perturb.audit import audit  # noqa: E402
-from canary_instrument.runtime.stats import StatsLine  # noqa: E402
+from canary_instrument.runtime.reports.stats import StatsLine  # noqa: E402
 
 LOGGER = "canary_instrument.runtime"
 

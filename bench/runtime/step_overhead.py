@@ -201,9 +201,9 @@ def timed_engine(prefix: str):
 
 
 def _time_allocator_notes() -> None:
-    """Count the canary's notes of req-pool allocations and KV frees (runtime/request_side.py, called from the
+    """Count the canary's notes of req-pool allocations and KV frees (runtime/checks/request_side.py, called from the
     engine's wrapped allocators, outside any site) into the sites' time: they are the canary's host work."""
-    from canary_instrument.runtime.request_side import RequestSide
+    from canary_instrument.runtime.checks.request_side import RequestSide
 
     for name in ("on_alloc", "on_free"):
         note = getattr(RequestSide, name)

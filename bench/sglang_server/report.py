@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from canary_instrument.runtime.perturb import score_log  # noqa: E402
-from canary_instrument.runtime.stats import StatsLine  # noqa: E402
+from canary_instrument.runtime.reports.stats import StatsLine  # noqa: E402
 
 DECODE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), .*?gen throughput \(token/s\): ([\d.]+)")
 PREFILL = re.compile(r"Prefill batch, #new-seq: \d+, #new-token: (\d+), #cached-token: (\d+)")

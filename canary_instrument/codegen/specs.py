@@ -80,7 +80,7 @@ class Spec:
 
 @dataclass(frozen=True)
 class JitterSpec:
-    """The timing-jitter wait kernel (runtime/jitter.py): no pool layout, one axis, the clock."""
+    """The timing-jitter wait kernel (runtime/features/jitter.py): no pool layout, one axis, the clock."""
 
     clock: str
     family: str = "jitter"

@@ -3,7 +3,7 @@
 Copies the pristine engine, runs scaffold / check / apply / check on it as a user would,
 runs clean workloads and one fault-injection trial per (layout, EAGLE on/off, fault),
 and prints what the canary caught, how fast, and what it costs; then HiCache's host tier
-with and without the runtime's sidecar (demo/hicache.py) and, on CUDA, the stream race that
+with and without the runtime's sidecar (demo/hicache_trials.py) and, on CUDA, the stream race that
 timing jitter reveals (demo/jitter_race.py). Exit 0 when every fault was caught, no clean
 step reported anything and, where it ran, the race showed only with jitter.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from canary_instrument.demo.faults import FAULTS
-from canary_instrument.runtime.state import REASON_NAMES
+from canary_instrument.runtime.passes.state import REASON_NAMES
 
 LAYOUT_CHOICES = ("mha", "mla", "swa")
 REASON_ORDER = [name for _, name in sorted(REASON_NAMES.items())]  # reason-bit order
@@ -104,7 +104,7 @@ def _run(root: Path, layouts, trials: int, clean_steps: int, seed: int, no_overh
     _print_clean(cleans)
     swa_refusal = None
     if any(f.refused(v.layout, v.eagle) for v in variants for f in FAULTS.values()):
-        from canary_instrument.demo.hicache import swa_refusal as refusal
+        from canary_instrument.demo.hicache_trials import swa_refusal as refusal
 
         swa_refusal = refusal(module, matrix.ENGINE_DEFAULTS)
     _print_matrix(variants, results, swa_refusal)
@@ -189,14 +189,14 @@ def _print_matrix(variants, results, swa_refusal=None):
 
 
 def _run_hicache(benches, variants, clean_steps: int, seed: int) -> list:
-    from canary_instrument.demo import hicache
+    from canary_instrument.demo import hicache_trials
 
     faults = [f for f in FAULTS.values() if f.hicache_kind is not None]
     runs = []
     for variant in variants:
         if faults and faults[0].applies(variant.layout, variant.eagle):
-            runs.append(hicache.run_layout(benches[variant].bench_for(faults[0]), faults,
-                                           hicache.clean_steps(clean_steps), seed))
+            runs.append(hicache_trials.run_layout(benches[variant].bench_for(faults[0]), faults,
+                                                  hicache_trials.clean_steps(clean_steps), seed))
     return runs
 
 

@@ -6,7 +6,7 @@ canary manager at rate 1 with a limit of one injection, and the manager runs it 
 The faults the perturbations do not model (a slot freed while in use, an EAGLE draft offset, a
 corrupted SWA mapping) are injectors of their own that wait at one debug-hook point of the engine
 (`draft_extend_batch`, `step_end`). The HiCache faults are the runtime's host-tier kinds, switched on for
-the engine's host pool (`demo/hicache.py`). Either way a fault that found nothing it could actually corrupt
+the engine's host pool (`demo/hicache_trials.py`). Either way a fault that found nothing it could actually corrupt
 (say, two requests whose next tokens are equal) waits for the next opportunity instead of counting
 a no-op as a fault. The engine source is never edited.
 """
@@ -19,18 +19,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-# Reason names as the runtime reports them (canary_instrument.runtime.state.REASON_NAMES).
+from canary_instrument.demo.injected import Injection
+
+# Reason names as the runtime reports them (canary_instrument.runtime.passes.state.REASON_NAMES).
 POSITION, LINK, FINGERPRINT, TOKEN, SWA_UNMAPPED = "position", "link", "fingerprint", "token", "swa_unmapped"
 IDENTITY, WRITE_SLOT, FREED = "identity", "write_slot", "freed"
 UNWRITTEN, ROW_BITS = "unwritten", "row_bits"
 ORACLE = "oracle"
-
-
-@dataclass(frozen=True)
-class Injection:
-    step: int  # 1-based scheduler step during (batch hooks) or after (step_end) which the corruption happened
-    description: str
-    expected_reasons: frozenset
 
 
 @dataclass(frozen=True)
@@ -48,7 +43,7 @@ class Fault:
     # (name, value) pairs; the bench runs such a fault on an engine of its own (matrix.EngineBench).
     engine_args: tuple = ()
     environ: tuple = ()
-    hicache_kind: Optional[str] = None  # a HiCache host-tier kind (runtime/perturb/hicache.py), on the host pool
+    hicache_kind: Optional[str] = None  # a HiCache host-tier kind (runtime/perturb/hicache_faults.py), on the host pool
     max_wait: Optional[int] = None  # steps a trial waits at least for the injection and its report
 
     def applies(self, layout: str, eagle: bool) -> bool:
@@ -63,7 +58,7 @@ class Fault:
         if self.perturbation is not None:
             return ArmedPerturbation(self, engine, rng)
         if self.hicache_kind is not None:
-            from canary_instrument.demo.hicache import ArmedHiCacheFault
+            from canary_instrument.demo.hicache_trials import ArmedHiCacheFault
 
             return ArmedHiCacheFault(self, engine, rng)
         return ArmedFault(self, engine, rng)

@@ -5,7 +5,7 @@ ready) while the main stream never waits for it before attention and the canary 
 ``main.wait_stream(side)`` of real side-stream code (a KV store overlapped with compute, a cache load on a
 copy stream). In a quiet engine the small write lands long before the post-forward pass fingerprints the
 slot, so the race is latent: the canary sees nothing (nor, most of the time, does attention). With jitter
-at the attention points (``runtime/jitter.py``) the write waits a random while on the side stream, the
+at the attention points (``runtime/features/jitter.py``) the write waits a random while on the side stream, the
 post-forward pass fingerprints the stale bytes, and the next step's verify finds the fingerprint wrong. The
 same fault with the wait in place stays clean under jitter, so the violations are the race's and not the
 jitter's. It needs CUDA streams: on CPU there is no stream to race.

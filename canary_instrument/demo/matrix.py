@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from canary_instrument.demo.faults import FAULTS, Fault, Injection
+from canary_instrument.demo.faults import FAULTS, Fault
+from canary_instrument.demo.injected import Injection
 from canary_instrument.demo.workload import Workload
 
 # Small enough for a 2-core CPU, big enough to exercise chunked prefill, prefix sharing,

@@ -6,17 +6,17 @@ The wiring helpers are torch-free; everything that needs torch is imported on fi
 from __future__ import annotations
 
 from canary_instrument.runtime.lazy import lazy_attributes
-from canary_instrument.runtime.wiring import attach_radix_cache, canary_context, context_tuple, mark_init_finished
+from canary_instrument.runtime.setup.wiring import attach_radix_cache, canary_context, context_tuple, mark_init_finished
 
 _LAZY = {
-    "install_canary": "canary_instrument.runtime.install",
+    "install_canary": "canary_instrument.runtime.setup.install",
     "CanaryManager": "canary_instrument.runtime.manager",
-    "SingleForwardManager": "canary_instrument.runtime.single_forward",
-    "CanaryStats": "canary_instrument.runtime.stats",
-    "CanarySettings": "canary_instrument.runtime.settings",
-    "load_settings": "canary_instrument.runtime.settings",
-    "Violation": "canary_instrument.runtime.violations",
-    "SwaDivergenceLog": "canary_instrument.runtime.swa_divergence",
+    "SingleForwardManager": "canary_instrument.runtime.step.single_forward",
+    "CanaryStats": "canary_instrument.runtime.reports.stats",
+    "CanarySettings": "canary_instrument.runtime.setup.settings",
+    "load_settings": "canary_instrument.runtime.setup.settings",
+    "Violation": "canary_instrument.runtime.reports.violations",
+    "SwaDivergenceLog": "canary_instrument.runtime.reports.swa_divergence",
     "CanaryError": "canary_instrument.runtime.errors",
     "CanaryWiringError": "canary_instrument.runtime.errors",
     "CanaryHealthError": "canary_instrument.runtime.errors",

@@ -27,22 +27,22 @@ from __future__ import annotations
 from typing import Any, Iterable, NamedTuple, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
-from canary_instrument.runtime.health import HealthCheck
-from canary_instrument.runtime.ops import CanaryOps
-from canary_instrument.runtime.plan import IDLE as IDLE_BATCH
-from canary_instrument.runtime.plan import forward_kind
-from canary_instrument.runtime.readback import DelayedReadback
-from canary_instrument.runtime.reporting import Reporter
-from canary_instrument.runtime.settings import CanarySettings
-from canary_instrument.runtime.single_forward import IDLE, PLANNED, PRE_DONE, SingleForwardManager
-from canary_instrument.runtime.snapshots import Snapshots, Tag
-from canary_instrument.runtime.sites import SITE_CONTEXT_TYPES, SiteCache, canary_context
-from canary_instrument.runtime.state import CanaryState
-from canary_instrument.runtime.stats import CanaryStats, StatsKeeper, StatsLine
-from canary_instrument.runtime.status import AT, SWA, SWEEP, PublishedWords, allocate_status
-from canary_instrument.runtime.steps import STEPS_REMEMBERED, StepState
-from canary_instrument.runtime.swa_divergence import swa_divergence_on_device
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.checks.health import HealthCheck
+from canary_instrument.runtime.passes.ops import CanaryOps
+from canary_instrument.runtime.step.plan import IDLE as IDLE_BATCH
+from canary_instrument.runtime.step.plan import forward_kind
+from canary_instrument.runtime.reports.readback import DelayedReadback
+from canary_instrument.runtime.reports.reporting import Reporter
+from canary_instrument.runtime.setup.settings import CanarySettings
+from canary_instrument.runtime.step.single_forward import IDLE, PLANNED, PRE_DONE, SingleForwardManager
+from canary_instrument.runtime.reports.snapshots import Snapshots, Tag
+from canary_instrument.runtime.setup.sites import SITE_CONTEXT_TYPES, SiteCache, canary_context
+from canary_instrument.runtime.passes.state import CanaryState
+from canary_instrument.runtime.reports.stats import CanaryStats, StatsKeeper, StatsLine
+from canary_instrument.runtime.passes.status import AT, SWA, SWEEP, PublishedWords, allocate_status
+from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
+from canary_instrument.runtime.reports.swa_divergence import swa_divergence_on_device
+from canary_instrument.runtime.reports.violations import Violation
 
 
 __all__ = ["CanaryManager", "CanaryStats", "SingleForwardManager"]
@@ -119,7 +119,7 @@ class CanaryManager:
                                     stats=self._stats, stats_line=self.stats_line)
         self._ranks = None
         if process_group is not None:
-            from canary_instrument.runtime.distributed import RankCheck, group_size
+            from canary_instrument.runtime.checks.distributed import RankCheck, group_size
 
             if group_size(process_group) > 1:
                 self._ranks = RankCheck(process_group, settings.dist_interval)
@@ -139,7 +139,7 @@ class CanaryManager:
     def _make_sweeper(self, settings: CanarySettings, ops: CanaryOps) -> Any:
         if not settings.sweep_interval or self.is_draft:
             return None  # the target's sweep reads the slots both runners share; a draft has no cache of its own
-        from canary_instrument.runtime.sweep import Sweeper
+        from canary_instrument.runtime.features.sweep import Sweeper
 
         backend = getattr(ops, "name", None)
         return Sweeper(self.state, interval=settings.sweep_interval, slots_per_sweep=settings.sweep_slots,
@@ -193,8 +193,8 @@ class CanaryManager:
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
         """Keep the engine's prefix cache (sglang's scheduler hands it over once it exists), and follow its
-        HiCache host tier, if it has one (runtime/hicache.py)."""
-        from canary_instrument.runtime.hicache import attach_hicache
+        HiCache host tier, if it has one (runtime/features/hicache.py)."""
+        from canary_instrument.runtime.features.hicache import attach_hicache
 
         self.radix_cache = tree_cache
         attach_hicache(self, tree_cache)

@@ -40,7 +40,7 @@ def test_error_inside_generated_kernel_points_to_template_line(tmp_path):
     pytest.importorskip("triton")
     import torch
 
-    from canary_instrument.runtime.triton_ops import TritonCanaryOps
+    from canary_instrument.runtime.passes.triton_ops import TritonCanaryOps
     from tests.kernels.scenario import make_scenario
 
     templates = tmp_path / "templates"

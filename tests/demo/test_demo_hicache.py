@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from canary_instrument.demo import engine_copy, hicache, matrix
+from canary_instrument.demo import engine_copy, hicache_trials, matrix
 from canary_instrument.demo.faults import FAULTS
 
 HICACHE_FAULTS = [FAULTS["hicache_host_copy"], FAULTS["hicache_load_slots"]]
@@ -54,7 +54,7 @@ def test_a_host_tier_fault_is_caught_with_the_sidecar_and_missed_without(benches
         trial = bench.run_trial(fault, seed)
         assert trial.caught, (seed, trial.injection, [v.format() for v in trial.false_alarms[:3]])
         assert trial.reasons & fault.expected and trial.delay >= 0
-    control = hicache.control_trial(bench.fresh, fault, seed=0)
+    control = hicache_trials.control_trial(bench.fresh, fault, seed=0)
     assert control.injection is not None
     assert control.at_fault, "the canary without the sidecar reports the load-back itself"
     assert control.missed  # ... and nothing the fault changed
@@ -63,7 +63,7 @@ def test_a_host_tier_fault_is_caught_with_the_sidecar_and_missed_without(benches
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_clean_load_backs_read_clean_only_with_the_sidecar(benches, device, layout):
-    run = hicache.run_layout(benches(device, layout), [], hicache.MIN_CLEAN_STEPS, seed=0)
+    run = hicache_trials.run_layout(benches(device, layout), [], hicache_trials.MIN_CLEAN_STEPS, seed=0)
     assert run.host_pool == {"mha": "MHATokenToKVPoolHost", "mla": "MLATokenToKVPoolHost"}[layout]
     assert run.loaded_back > 0
     assert run.with_sidecar.violations == []
@@ -71,7 +71,7 @@ def test_clean_load_backs_read_clean_only_with_the_sidecar(benches, device, layo
 
 
 def test_hicache_of_an_swa_pool_is_refused_by_the_runtime(engine_module):
-    message = hicache.swa_refusal(engine_module, matrix.ENGINE_DEFAULTS)
+    message = hicache_trials.swa_refusal(engine_module, matrix.ENGINE_DEFAULTS)
     assert "HiCache of the SWA pool" in message and "full-attention KV only" in message
 
 

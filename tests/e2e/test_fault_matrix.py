@@ -128,7 +128,7 @@ def test_a_lasting_corruption_in_a_slot_no_one_holds_is_drawn_again(bench_for):
 
 
 def _reported_fingerprint(req_pool_index):
-    from canary_instrument.runtime.violations import Violation
+    from canary_instrument.runtime.reports.violations import Violation
 
     return Violation(kernel="pre_forward", group="full", half="k", slot=1, position=0, stored=0, expected=0,
                      reasons=frozenset({"fingerprint"}), req_pool_index=req_pool_index, step=1)

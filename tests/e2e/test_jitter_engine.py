@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from canary_instrument.demo import matrix
-from canary_instrument.runtime.jitter import LAST, POINT_ID, TOTAL, draw_ns, runner_seed
+from canary_instrument.runtime.features.jitter import LAST, POINT_ID, TOTAL, draw_ns, runner_seed
 
 SEED = 11
 MAX_US = 5

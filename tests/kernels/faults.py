@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from canary_instrument.runtime.layers import layer_count, layer_words, store_fingerprint
-from canary_instrument.runtime.state import GROUP_SWA
+from canary_instrument.runtime.passes.layers import layer_count, layer_words, store_fingerprint
+from canary_instrument.runtime.passes.state import GROUP_SWA
 
 from .scenario import Scenario
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from canary_instrument.runtime import hashing
-from canary_instrument.runtime.layers import attach_layers
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import hashing
+from canary_instrument.runtime.passes.layers import attach_layers
+from canary_instrument.runtime.passes.state import (
     GROUP_FULL,
     GROUP_SWA,
     HALF_K,

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canary_instrument.runtime import hashing
+from canary_instrument.runtime.passes import hashing
 
 u64 = st.integers(min_value=0, max_value=hashing.U64)
 

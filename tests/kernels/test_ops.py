@@ -2,7 +2,7 @@
 
 import pytest
 
-from canary_instrument.runtime.ops import get_ops, resolve_backend
+from canary_instrument.runtime.passes.ops import get_ops, resolve_backend
 
 
 def test_device_default(monkeypatch):

@@ -4,8 +4,8 @@ are the serial chain, and every fault class is reported with its reason bit."""
 import pytest
 import torch
 
-from canary_instrument.runtime import hashing, reference
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import hashing, reference
+from canary_instrument.runtime.passes.state import (
     FINGERPRINT,
     GROUP_SWA,
     KERNEL_POST,

@@ -10,8 +10,8 @@ both backends alike (vLLM's cache-kernel test style: one test per check, paramet
 import pytest
 import torch
 
-from canary_instrument.runtime import reference
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import reference
+from canary_instrument.runtime.passes.state import (
     FREED,
     FREED_POSITION,
     IDENTITY,

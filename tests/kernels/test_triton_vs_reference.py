@@ -8,8 +8,8 @@ paths are exercised on small pools; on a GPU the same tests run compiled.
 import pytest
 import torch
 
-from canary_instrument.runtime import reference
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import reference
+from canary_instrument.runtime.passes.state import (
     FINGERPRINT,
     LINK,
     PADDING_SLOT,
@@ -19,9 +19,9 @@ from canary_instrument.runtime.state import (
     TOKEN,
     UNWRITTEN,
 )
-from canary_instrument.runtime.triton_ops import TritonCanaryOps
+from canary_instrument.runtime.passes.triton_ops import TritonCanaryOps
 
-from canary_instrument.runtime.layers import fingerprint_table, layer_words
+from canary_instrument.runtime.passes.layers import fingerprint_table, layer_words
 
 from .faults import FAULTS, inject
 from .scenario import make_scenario, to_device, violations

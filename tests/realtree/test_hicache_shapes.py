@@ -1,5 +1,5 @@
-"""The HiCache shapes ``runtime/hicache.py`` relies on, read from every released sglang's source: the MHA and MLA
-host pools define a backup and a per-layer load taking the device pool, host indices and device indices, and
+"""The HiCache shapes ``runtime/features/hicache.py`` relies on, read from every released sglang's source: the MHA
+and MLA host pools define a backup and a per-layer load taking the device pool, host indices and device indices, and
 the method the runtime wraps (the first of its ranked names a release defines) is the one the release's
 transfer path calls. Source only (ast): the host pools of most releases need CUDA kernels to move bytes.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from canary_instrument.runtime.hicache import _TRANSFER_PARAMS, BACKUP_NAMES, LOAD_NAMES
+from canary_instrument.runtime.features.hicache import _TRANSFER_PARAMS, BACKUP_NAMES, LOAD_NAMES
 
 from .conftest import release_params, sglang_srt
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from canary_instrument.runtime import CanaryError, mark_init_finished  # noqa: E402
-from canary_instrument.runtime.bracket import unbracket_model_forward  # noqa: E402
+from canary_instrument.runtime.step.bracket import unbracket_model_forward  # noqa: E402
 from mini_engine import MiniRunner, Scheduler, server_args  # noqa: E402
 
 

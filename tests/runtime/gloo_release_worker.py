@@ -18,7 +18,7 @@ os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before torch starts a
 
 import torch.distributed as dist  # noqa: E402
 
-from canary_instrument.runtime.distributed import combine  # noqa: E402
+from canary_instrument.runtime.checks.distributed import combine  # noqa: E402
 
 
 GLOO_WORKER_THREADS = 2  # ProcessGroupGloo's default

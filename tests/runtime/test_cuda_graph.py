@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from canary_instrument.runtime import CanaryHealthError, instance_wrap, mark_init_finished
+from canary_instrument.runtime import CanaryHealthError, mark_init_finished
+from canary_instrument.runtime.setup import instance_wrap
 
 from .mini_engine import GraphRunner, MiniRunner, Scheduler, draft_step_batches, server_args
 

@@ -9,7 +9,7 @@ import torch
 from torch.profiler import profile
 
 from canary_instrument.runtime import mark_init_finished
-from canary_instrument.runtime.plan import plan_from_batch
+from canary_instrument.runtime.step.plan import plan_from_batch
 
 from .mini_engine import ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
 

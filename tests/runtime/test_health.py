@@ -3,7 +3,7 @@
 import pytest
 
 from canary_instrument.runtime import CanaryHealthError, mark_init_finished
-from canary_instrument.runtime.bracket import unbracket_model_forward
+from canary_instrument.runtime.step.bracket import unbracket_model_forward
 
 from .mini_engine import MiniRunner, Scheduler, server_args
 

@@ -10,7 +10,8 @@ import weakref
 
 import pytest
 
-from canary_instrument.runtime import instance_wrap, mark_init_finished
+from canary_instrument.runtime.setup import instance_wrap
+from canary_instrument.runtime import mark_init_finished
 
 from .mini_engine import MiniRunner, Scheduler, server_args
 
@@ -49,7 +50,7 @@ def test_wrap_call_runs_the_method_then_the_note_and_keeps_a_signature_less_call
     """``wrap_call`` on a method (its signature kept for introspection) and on a builtin that has none."""
     import inspect
 
-    from canary_instrument.runtime.instance_wrap import wrap_call
+    from canary_instrument.runtime.setup.instance_wrap import wrap_call
 
     class Pool:
         def free(self, free_index, *, now=False):

@@ -4,8 +4,8 @@ reference engine, nothing installed or called when off, and fresh draws on every
 import pytest
 import torch
 
-from canary_instrument.runtime import jitter as jitter_module
-from canary_instrument.runtime.jitter import (
+from canary_instrument.runtime.features import jitter as jitter_module
+from canary_instrument.runtime.features.jitter import (
     COUNT,
     LAST,
     NUM_POINTS,
@@ -16,7 +16,7 @@ from canary_instrument.runtime.jitter import (
     draw_ns,
     runner_seed,
 )
-from canary_instrument.runtime.settings import JITTER_POINTS, load_settings
+from canary_instrument.runtime.setup.settings import JITTER_POINTS, load_settings
 
 from .refsgl_harness import instrumented
 

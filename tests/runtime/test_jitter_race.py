@@ -9,7 +9,7 @@ canary reports ``fingerprint`` violations, and with the wait in place the same j
 import pytest
 
 from canary_instrument.demo import jitter_race
-from canary_instrument.runtime.jitter import JitteredOps
+from canary_instrument.runtime.features.jitter import JitteredOps
 
 from .refsgl_harness import instrumented
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from canary_instrument.runtime import CanaryWiringError, install_canary, mark_init_finished
-from canary_instrument.runtime.stats import StatsLine
+from canary_instrument.runtime.reports.stats import StatsLine
 
 from .mini_engine import (
     MiniRunner,

@@ -14,14 +14,14 @@ import pytest
 import torch
 from kernels.scenario import make_scenario
 
-from canary_instrument.runtime import reference
+from canary_instrument.runtime.passes import reference
 from canary_instrument.runtime.perturb import Injection, PerturbSettings, score
 from canary_instrument.runtime.perturb.base import KindContext, device_position, device_row
 from canary_instrument.runtime.perturb.batch import BatchFacts, batch_facts
 from canary_instrument.runtime.perturb.perturber import ManagerView, Perturber
-from canary_instrument.runtime.state import GROUP_SWA
-from canary_instrument.runtime.sweep import Sweeper
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.passes.state import GROUP_SWA
+from canary_instrument.runtime.features.sweep import Sweeper
+from canary_instrument.runtime.reports.violations import Violation
 
 from .radix_trees import CompressedRadixCache
 

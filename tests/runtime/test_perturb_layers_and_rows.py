@@ -9,8 +9,8 @@ import pytest
 import torch
 from kernels.scenario import make_scenario
 
-from canary_instrument.runtime import reference
-from canary_instrument.runtime.layers import layer_count, layer_words
+from canary_instrument.runtime.passes import reference
+from canary_instrument.runtime.passes.layers import layer_count, layer_words
 from canary_instrument.runtime.perturb import score
 from canary_instrument.runtime.perturb.perturber import ManagerView
 

@@ -4,10 +4,10 @@ reference passes report it with its own reason (identity, write_slot, freed), sc
 import pytest
 import torch
 
-from canary_instrument.runtime import reference
+from canary_instrument.runtime.passes import reference
 from canary_instrument.runtime.perturb import score
-from canary_instrument.runtime.request_side import RequestSide
-from canary_instrument.runtime.state import IDENTITY_FIELDS, IDENTITY_LAST_NEW
+from canary_instrument.runtime.checks.request_side import RequestSide
+from canary_instrument.runtime.passes.state import IDENTITY_FIELDS, IDENTITY_LAST_NEW
 
 from .test_perturb_kinds import forward_batch, next_step, one_step, perturber, records, scenario
 

@@ -3,7 +3,7 @@
 import pytest
 
 from canary_instrument.runtime.perturb import Injection, score, score_log
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.reports.violations import Violation
 
 
 def inj(kind, step=5, slot=40, position=3, req=2, group="-", half="-", applied=True, **extra):

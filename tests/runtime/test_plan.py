@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from canary_instrument.runtime import CanaryWiringError, attach_radix_cache, mark_init_finished
-from canary_instrument.runtime.plan import plan_from_batch
+from canary_instrument.runtime.step.plan import plan_from_batch
 
 from .mini_engine import ForwardBatch, ForwardMode, MiniRunner, RecordingOps, Scheduler, plan_rows, server_args
 

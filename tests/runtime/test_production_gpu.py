@@ -5,12 +5,14 @@ import pytest
 import torch
 from kernels.scenario import make_scenario, to_device, violations
 
-from canary_instrument.runtime import reference, sweep_reference
+from canary_instrument.runtime.passes import reference
+from canary_instrument.runtime.features import sweep_reference
 from canary_instrument.runtime.perturb import KINDS, PerturbSettings, score
 from canary_instrument.runtime.perturb.perturber import ManagerView, Perturber
-from canary_instrument.runtime.radix_walk import Segment, WalkSlice
-from canary_instrument.runtime.sweep import SweepBuffers, Sweeper
-from canary_instrument.runtime.sweep_triton import TritonSweepOps
+from canary_instrument.runtime.features.radix_walk import Segment, WalkSlice
+from canary_instrument.runtime.features.sweep import Sweeper
+from canary_instrument.runtime.features.sweep_buffers import SweepBuffers
+from canary_instrument.runtime.features.sweep_triton import TritonSweepOps
 
 from .radix_trees import CompressedRadixCache
 from .test_perturb_kinds import forward_batch, records

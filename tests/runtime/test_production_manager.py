@@ -7,10 +7,10 @@ import torch
 from kernels.scenario import make_scenario
 
 from canary_instrument.runtime.manager import CanaryManager
-from canary_instrument.runtime.ops import get_ops
+from canary_instrument.runtime.passes.ops import get_ops
 from canary_instrument.runtime.perturb import PerturbSettings
-from canary_instrument.runtime.settings import CanarySettings
-from canary_instrument.runtime.stats import StatsLine
+from canary_instrument.runtime.setup.settings import CanarySettings
+from canary_instrument.runtime.reports.stats import StatsLine
 
 from .refsgl_harness import instrumented
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from canary_instrument.runtime.radix_walk import (
+from canary_instrument.runtime.features.radix_walk import (
     UNKNOWN_PREV,
     FlatRows,
     RadixCursor,

@@ -5,7 +5,7 @@ log mode logs parseable lines, raise mode raises once with all."""
 import pytest
 
 from canary_instrument.runtime import CanaryViolationError, Violation, mark_init_finished
-from canary_instrument.runtime.stats import StatsLine
+from canary_instrument.runtime.reports.stats import StatsLine
 
 from .mini_engine import MiniRunner, Scheduler, server_args
 

@@ -11,7 +11,7 @@ import torch
 
 from canary_instrument.demo.workload import Workload
 from canary_instrument.runtime import install_canary
-from canary_instrument.runtime.state import FREED_POSITION
+from canary_instrument.runtime.passes.state import FREED_POSITION
 
 from .mini_engine import MiniRunner
 from .refsgl_harness import instrumented

@@ -38,7 +38,7 @@ def test_sglang_names_come_before_the_older_aliases():
 def test_sweep_and_perturbation_settings_are_read_validated_and_supported():
     from types import SimpleNamespace
 
-    from canary_instrument.runtime.settings import unsupported_upstream
+    from canary_instrument.runtime.setup.settings import unsupported_upstream
 
     env = {"KV_CANARY_SWEEP_SLOTS": "512", "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.25",
            "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "3"}

@@ -4,8 +4,8 @@ import pytest
 
 from .refsgl_harness import instrumented
 
-from canary_instrument.runtime.stats import EnableWarner, ReasonCounter, StatsLine
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.reports.stats import EnableWarner, ReasonCounter, StatsLine
+from canary_instrument.runtime.reports.violations import Violation
 
 
 def test_stats_line_round_trip_and_find_all():

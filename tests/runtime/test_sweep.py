@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from canary_instrument.demo.workload import Workload, WorkloadShape
-from canary_instrument.runtime.radix_walk import FlatRows, Segment, WalkSlice
-from canary_instrument.runtime.state import CanaryGroup, CanaryState
-from canary_instrument.runtime.sweep import Sweeper
-from canary_instrument.runtime.sweep_reference import TorchSweepOps
-from canary_instrument.runtime.sweep_triton import TritonSweepOps
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.features.radix_walk import FlatRows, Segment, WalkSlice
+from canary_instrument.runtime.passes.state import CanaryGroup, CanaryState
+from canary_instrument.runtime.features.sweep import Sweeper
+from canary_instrument.runtime.features.sweep_reference import TorchSweepOps
+from canary_instrument.runtime.features.sweep_triton import TritonSweepOps
+from canary_instrument.runtime.reports.violations import Violation
 
 from .radix_trees import CompressedRadixCache
 from .refsgl_harness import instrumented

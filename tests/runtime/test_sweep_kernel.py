@@ -10,9 +10,10 @@ import pytest
 import torch
 from kernels.scenario import make_scenario, to_device, violations
 
-from canary_instrument.runtime import reference, sweep_reference
-from canary_instrument.runtime.layers import layer_words, store_fingerprint
-from canary_instrument.runtime.state import (
+from canary_instrument.runtime.passes import reference
+from canary_instrument.runtime.features import sweep_reference
+from canary_instrument.runtime.passes.layers import layer_words, store_fingerprint
+from canary_instrument.runtime.passes.state import (
     FINGERPRINT,
     FREED,
     FREED_POSITION,
@@ -25,8 +26,8 @@ from canary_instrument.runtime.state import (
     SWA_UNMAPPED,
     UNWRITTEN,
 )
-from canary_instrument.runtime.sweep import SweepBuffers
-from canary_instrument.runtime.sweep_triton import TritonSweepOps
+from canary_instrument.runtime.features.sweep_buffers import SweepBuffers
+from canary_instrument.runtime.features.sweep_triton import TritonSweepOps
 
 LAYOUT_HALVES = [("mha", True), ("mha", False), ("mla", False), ("swa", True), ("swa", False)]
 CASES = [(layout, v_half, realkv) for layout, v_half in LAYOUT_HALVES for realkv in ("none", "partial", "all")]

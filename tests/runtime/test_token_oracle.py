@@ -1,5 +1,6 @@
-"""The token oracle (runtime/token_oracle.py): upstream's hash, the sampler override on the reference engine, and the
-write-time input check that catches a wrong input token where nothing else looks (a decode riding in a mixed batch)."""
+"""The token oracle (runtime/features/token_oracle.py): upstream's hash, the sampler override on the reference engine,
+and the write-time input check that catches a wrong input token where nothing else looks (a decode riding in a mixed
+batch)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from canary_instrument.runtime.settings import load_settings, unsupported_upstream
-from canary_instrument.runtime.token_oracle import (
+from canary_instrument.runtime.setup.settings import load_settings, unsupported_upstream
+from canary_instrument.runtime.features.token_oracle import (
     TokenOracle,
     generalized_request_id,
     oracle_token_int,
@@ -234,7 +235,7 @@ def test_the_oracle_refuses_speculative_decoding(monkeypatch):
 def test_the_check_runs_inside_a_cuda_graph_without_a_host_sync():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from canary_instrument.runtime.state import PlanInputs
+    from canary_instrument.runtime.passes.state import PlanInputs
 
     dev = torch.device("cuda")
     ring = torch.zeros((16, 8), dtype=torch.int64, device=dev)

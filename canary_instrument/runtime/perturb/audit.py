@@ -30,7 +30,7 @@ _HALVES = {"k": 0, "v": 1}
 
 def held_slots(cache: Any) -> set:
     """Every full slot the prefix cache holds, locked or not (host values; reads the device)."""
-    from canary_instrument.runtime.radix_walk import flat_walker, node_shape, tree_root
+    from canary_instrument.runtime.features.radix_walk import flat_walker, node_shape, tree_root
 
     walk = flat_walker(cache) if cache is not None else None
     if walk is not None:
@@ -51,10 +51,10 @@ def held_slots(cache: Any) -> set:
 
 def audit(result: Score, state: Any, cache: Any = None, running_slots: Iterable[int] = ()) -> dict[str, list]:
     """``{"overwritten": [...], "unreachable": [...], "undetected": [...]}`` of ``result``'s missed injections."""
-    from canary_instrument.runtime import hashing
-    from canary_instrument.runtime.layers import layer_words, stored_fingerprint
+    from canary_instrument.runtime.passes import hashing
+    from canary_instrument.runtime.passes.layers import layer_words, stored_fingerprint
     from canary_instrument.runtime.perturb.base import fingerprinted_bytes
-    from canary_instrument.runtime.state import FREED_POSITION
+    from canary_instrument.runtime.passes.state import FREED_POSITION
 
     out: dict[str, list] = {"overwritten": [], "unreachable": [], "undetected": []}
     full_held = held_slots(cache) | {int(s) for s in running_slots}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from canary_instrument.runtime.plan import draft_token_count
+from canary_instrument.runtime.step.plan import draft_token_count
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from canary_instrument.runtime.layers import fingerprint_table, layer_count
+from canary_instrument.runtime.passes.layers import fingerprint_table, layer_count
 from canary_instrument.runtime.perturb.base import GROUP_NAMES, HALF_NAMES, Planned
 from canary_instrument.runtime.perturb.real_kv import UsedRowKind, _flip, _resolve
 

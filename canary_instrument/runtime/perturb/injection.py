@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from canary_instrument.runtime.loglines import LogLine
+from canary_instrument.runtime.reports.loglines import LogLine
 
 PREFIX = "kv_canary_perturb="
 _CORE = ("step", "kind", "group", "half", "slot", "position", "req", "applied")

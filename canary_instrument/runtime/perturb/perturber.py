@@ -27,8 +27,8 @@ from canary_instrument.runtime.perturb.next_token_swap import NextTokenSwap
 from canary_instrument.runtime.perturb.canary_rows import FingerprintZeroed, RowHighBit
 from canary_instrument.runtime.perturb.real_kv import RealKvLayer, RealKvPostForward, RealKvUnusedCache, RealKvUsed
 from canary_instrument.runtime.perturb.req_to_token import ReqToTokenRemap
-from canary_instrument.runtime.perturb.request_side import PrematureFree, ReqRowSwap, WriteSlot
-from canary_instrument.runtime.perturb.settings import KINDS, PerturbSettings
+from canary_instrument.runtime.perturb.request_faults import PrematureFree, ReqRowSwap, WriteSlot
+from canary_instrument.runtime.perturb.perturb_settings import KINDS, PerturbSettings
 
 logger = logging.getLogger("canary_instrument.runtime")
 

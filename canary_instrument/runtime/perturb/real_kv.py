@@ -37,9 +37,9 @@ from canary_instrument.runtime.perturb.base import (
     host_to_device,
     pick_group,
 )
-from canary_instrument.runtime.layers import cursor_table, layer_count, layer_words
+from canary_instrument.runtime.passes.layers import cursor_table, layer_count, layer_words
 from canary_instrument.runtime.perturb.batch import batch_facts
-from canary_instrument.runtime.radix_walk import sample_idle_slot
+from canary_instrument.runtime.features.radix_walk import sample_idle_slot
 
 
 def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from canary_instrument.runtime.perturb.injection import Injection
-from canary_instrument.runtime.perturb.settings import KINDS
-from canary_instrument.runtime.violations import Violation
+from canary_instrument.runtime.perturb.perturb_settings import KINDS
+from canary_instrument.runtime.reports.violations import Violation
 
 _REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache", "real_kv_layer")
 # Kinds reported at the corrupted slot, in its group and half, by one reason.

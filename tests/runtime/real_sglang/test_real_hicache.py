@@ -3,8 +3,8 @@
 
 A cached prefix is backed up to the host pool, its device slots are freed (another request holds the rest of
 the pool), then it is loaded back into whatever slots the allocator hands out and a new request reads it.
-With the sidecar (``runtime/hicache.py``) a clean round trip reads clean, and both host-tier faults
-(``runtime/perturb/hicache.py``) are caught at that read. Without it, a clean round trip already reads as
+With the sidecar (``runtime/features/hicache.py``) a clean round trip reads clean, and both host-tier faults
+(``runtime/perturb/hicache_faults.py``) are caught at that read. Without it, a clean round trip already reads as
 violations and each fault changes nothing the canary reports: it cannot tell a faulty load from a clean one.
 
 Built by hand: ``HostTier`` does what sglang's ``HiCacheController`` does for one write and one load with the
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from canary_instrument.runtime import mark_init_finished
-from canary_instrument.runtime.hicache import STORAGE_REFUSAL, UnsupportedHiCacheError, find_host_pools
-from canary_instrument.runtime.perturb.hicache import inject_hicache_fault
+from canary_instrument.runtime.features.hicache import STORAGE_REFUSAL, UnsupportedHiCacheError, find_host_pools
+from canary_instrument.runtime.perturb.hicache_faults import inject_hicache_fault
 
 from . import sglang_site
 from .harness import RealRunner, Scheduler

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from canary_instrument.runtime.jitter import JitteredOps, draw_ns, POINT_ID, TOTAL
+from canary_instrument.runtime.features.jitter import JitteredOps, draw_ns, POINT_ID, TOTAL
 
 from .harness import LAYERS
 from .test_real_serving import _prefill_and_decode, _serving, dev, server_args  # noqa: F401 (fixtures)

@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from canary_instrument.runtime.pools import UnsupportedPoolError, attach_pool
+from canary_instrument.runtime.setup.pools import UnsupportedPoolError, attach_pool
 
 BASE = dict(size=64, page_size=1, dtype=torch.bfloat16, layer_num=2, device="cpu", enable_memory_saver=False)
 MHA = dict(head_num=2, head_dim=32)

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from canary_instrument.runtime import load_settings
-from canary_instrument.runtime.settings import unsupported_upstream
+from canary_instrument.runtime.setup.settings import unsupported_upstream
 
 
 @pytest.fixture(scope="module")

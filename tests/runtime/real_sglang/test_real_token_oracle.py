@@ -11,7 +11,7 @@ from array import array
 import pytest
 
 from canary_instrument.runtime import mark_init_finished
-from canary_instrument.runtime.token_oracle import oracle_token_int, request_id
+from canary_instrument.runtime.features.token_oracle import oracle_token_int, request_id
 
 from .harness import VOCAB, RealRunner, Req, Scheduler
 

@@ -1,0 +1,254 @@
+"""Wired sites: the context a site enters, one reusable object per (listing, active), and their cache.
+
+``canary_context`` is what generated wiring calls. For our manager it returns a ``Site`` that runs
+``with_ops_outside_graph`` then ``with_active_single_forward_manager`` as the nested pair would, with
+no objects made per step. Nothing here imports torch, so the wiring can be imported (and the canary
+left off) for free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ContextManager, Iterable, Optional
+
+from canary_instrument.runtime.errors import CanaryWiringError
+from canary_instrument.runtime.setup.contexts import NULL_CONTEXT, context_tuple
+from canary_instrument.runtime.step.plan import IDLE, forward_kind
+from canary_instrument.runtime.step.single_forward import PLANNED, SingleForwardManager, listed, sub_forward
+from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
+
+# Manager classes (ours registers itself) that keep reusable sites: ``manager.recent_sites`` maps ``active``
+# to the site last made for it, whose ``listing``, ``index``, ``busy`` and ``batch`` say which call it
+# serves; ``manager.site_context(forward_batch, outside, active)`` makes (or finds) one otherwise.
+SITE_CONTEXT_TYPES: set = set()
+_MAX_CACHED = 256
+
+
+def canary_context(
+    manager: Any,
+    forward_batch: Any = None,
+    *,
+    outside: Optional[Iterable[int]] = None,
+    active: Optional[int] = None,
+) -> ContextManager[Any]:
+    """The context a wired site enters: a null context without a manager, else the manager's phases
+    (``with_ops_outside_graph`` for ``outside``, then ``with_active_single_forward_manager(active)``).
+    A manager that offers ``site_context`` (ours) gives both in one reusable object; another engine's
+    manager gets the pair of its own contexts."""
+    if manager is None:
+        return NULL_CONTEXT
+    if type(manager) in SITE_CONTEXT_TYPES:
+        # Reuse the site `active` had last when the listing is the same, without a call or a key.
+        # Exact ints only: 1.0 equals 1 but is no sub-forward index, so site_context validates it.
+        try:
+            site = manager.recent_sites.get(active)
+        except TypeError:  # an unhashable `active`: site_context reports it
+            site = None
+        if site is not None and site.index is active and not site.busy:
+            listing = site.listing
+            if listing is outside or (type(outside) is list and listing == outside):
+                for i in outside or ():
+                    if type(i) is not int:
+                        break
+                else:
+                    site.batch = forward_batch
+                    return site
+        return manager.site_context(forward_batch, outside, active)
+    site_context = getattr(manager, "site_context", None)
+    if site_context is not None:
+        return site_context(forward_batch, outside, active)
+    cms = []
+    if outside is not None:
+        cms.append(
+            manager.with_ops_outside_graph(
+                single_forward_indices=outside if type(outside) is list else list(outside),
+                maybe_inaccurate_forward_batch=forward_batch,
+            )
+        )
+    if active is not None:
+        cms.append(manager.with_active_single_forward_manager(active))
+    if not cms:
+        return NULL_CONTEXT
+    return cms[0] if len(cms) == 1 else context_tuple(*cms)
+
+
+def site_key(outside: Any, active: Any) -> Any:
+    """The cache key of a site, or None where validation depends on more than the values (``1.0``
+    and ``True`` equal ``1`` as keys but are not sub-forward indices alike): int indices only."""
+    if active is not None and type(active) is not int:
+        return None
+    if outside is None or type(outside) is range:
+        return (outside, active)
+    if all(type(i) is int for i in outside):
+        return (tuple(outside), active)
+    return None
+
+
+class SiteCache:
+    """One manager's reusable sites: by (listing, active), and the one each ``active`` used last."""
+
+    def __init__(self, manager: Any, steps: StepState, sfms: list):
+        self._manager = manager
+        self._steps = steps
+        self._sfms = sfms  # the manager's sub-forward managers
+        self._sites: dict = {}
+        self.recent: dict = {}  # active (an int or None) -> the Site it used last (canary_context reads it)
+
+    def get(self, forward_batch: Any, outside: Any, active: Optional[int]) -> Any:
+        """The site for this call (made when none fits), holding ``forward_batch``."""
+        if outside is None and active is None:
+            return NULL_CONTEXT
+        if outside is not None and type(outside) not in (list, tuple, range):
+            outside = list(outside)  # an iterator: read it once
+        key = site_key(outside, active)
+        site = self._sites.get(key) if key is not None else None
+        if site is None or site.busy:
+            site = Site(self._manager, self._steps, self._sfms, outside, active)
+            if key is not None and key not in self._sites and len(self._sites) < _MAX_CACHED:
+                self._sites[key] = site
+        if key is not None:
+            self.recent[active] = site
+        site.batch = forward_batch
+        return site
+
+
+class Site:
+    """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
+    entered and left as the nested pair would be.
+
+    On a quiet manager (init finished, no production feature on, one rank) the usual step takes an
+    inline path: its entry and exit touch only this object and the manager's ``StepState``, and its
+    exit reads one published word (``PublishedWords.settled``). The sub-forwards' phases stay idle on
+    that path; an eager forward inside the site plans them when its pre-ops run, and the site is then
+    left by the general path, which checks them. The general path calls the manager's phase methods.
+    """
+
+    __slots__ = ("_manager", "_steps", "_all", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy",
+                 "_inline", "_ready", "_mode", "_mode_idle")
+
+    def __init__(self, manager: Any, steps: StepState, sfms: list, outside: Any, active: Optional[int]):
+        self._manager = manager
+        self._steps = steps
+        self._all = sfms
+        self.listing = None if outside is None else (outside if type(outside) in (list, range) else list(outside))
+        self.index = active
+        self._sfms: Optional[list] = None  # the listing's sub-forward managers, resolved on first entry
+        self._active_sfm: Optional[SingleForwardManager] = None  # likewise for ``active``
+        self._planned = 0
+        self.batch: Any = None
+        self.busy = False
+        self._inline = False  # entered by the inline path, to be left by it
+        self._ready = False  # a listing whose managers (and active one, if any) are resolved: may go inline
+        self._mode: Any = None  # the last forward mode seen with a non-empty batch, and whether it is idle
+        self._mode_idle = False
+
+    def __enter__(self) -> Any:
+        steps = self._steps
+        side = steps.request_side
+        if side is not None and side.pending and self.listing is not None:
+            side.apply()  # before this forward, after every forward launched before the allocations and frees
+        oracle = steps.token_oracle
+        if oracle is not None and oracle.pending and self.listing is not None:
+            oracle.apply()
+        if self._ready and steps.fast and steps.open is None and steps.active is None:
+            batch = self.batch
+            try:  # plain attribute reads (getattr with a default is a call); a batch without them goes general
+                mode, size = batch.forward_mode, batch.batch_size
+            except AttributeError:
+                mode = None
+            if mode is not None:
+                if mode is self._mode and size:
+                    idle = self._mode_idle
+                else:
+                    idle = forward_kind(batch) == IDLE
+                    if size:
+                        self._mode, self._mode_idle = mode, idle
+                self._planned = 0 if idle else len(self._sfms)
+                steps.open = self
+                steps.active = active = self._active_sfm
+                self.busy = self._inline = True
+                return active
+        self._inline = False
+        self.busy = True
+        try:
+            manager = self._manager
+            if self.listing is not None:
+                if steps.open is not None:
+                    raise CanaryWiringError("kv canary: with_ops_outside_graph() nested inside another one")
+                sfms = self._sfms
+                if sfms is None:
+                    sfms = self._sfms = listed(self._all, self.listing)
+                steps.open = self
+                try:
+                    self._planned = manager.pre_ops_outside_graph(sfms, self.batch) if steps.init_finished else 0
+                except BaseException:
+                    steps.open = None
+                    raise
+            if self.index is None:
+                self._ready = self._sfms is not None
+                return None
+            try:
+                sfm = self._active_sfm
+                if sfm is None:
+                    sfm = self._active_sfm = sub_forward(self._all, self.index)
+                if steps.active is not None:
+                    raise CanaryWiringError(
+                        f"kv canary: with_active_single_forward_manager({self.index}) nested inside "
+                        f"with_active_single_forward_manager({steps.active.index})"
+                    )
+            except BaseException as err:
+                if self.listing is not None:
+                    self._leave_outside(type(err))
+                raise
+            steps.active = sfm
+            self._ready = self._sfms is not None
+            return sfm
+        except BaseException:
+            self.busy = False
+            self.batch = None
+            raise
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        steps = self._steps
+        if self._inline and exc_type is None:
+            # The post-ops outside the graph of a clean forward on a quiet manager: count the step, then read
+            # what was published since (a snapshot step, or one after it, takes the whole step end).
+            batch = self.batch
+            self.busy = False
+            self.batch = None
+            steps.active = None
+            steps.open = None
+            steps.forwards += 1
+            steps.step = step = steps.step + 1
+            steps.planned = planned = steps.planned + self._planned
+            steps.totals[step % STEPS_REMEMBERED] = planned
+            if step >= steps.end_due:
+                self._manager.end_step(batch)
+            elif not steps.published.settled(planned - self._planned, planned):
+                self._manager.read_published()
+            return False
+        try:
+            if self.index is not None:
+                steps.active = None
+            if self.listing is not None:
+                try:
+                    self._manager.post_ops_outside_graph(self._sfms, self._planned, self.batch, exc_type is None)
+                finally:
+                    steps.open = None
+        finally:
+            self.busy = False
+            self.batch = None
+        return False
+
+    def plan_for_eager_forward(self, sfm: SingleForwardManager) -> None:
+        """An eager forward's pre-ops inside this site: if it was entered inline, its sub-forwards are
+        planned now, as the general entry leaves them, and it is left by the general path."""
+        if self._inline and sfm in self._sfms:
+            for each in self._sfms:
+                each.phase = PLANNED
+            self._inline = False
+
+    def _leave_outside(self, exc_type: Any) -> None:
+        try:
+            self._manager.post_ops_outside_graph(self._sfms, self._planned, self.batch, exc_type is None)
+        finally:
+            self._steps.open = None

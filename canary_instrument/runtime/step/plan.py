@@ -1,0 +1,130 @@
+"""Per-forward plans taken from the forward batch's own device tensors, inside the bracket.
+
+The bracketed ``model.forward`` receives the ForwardBatch (inside a CUDA graph: the graph
+runner's static buffers). Its plan is a choice of those tensors plus a few host constants of
+the forward's shape (the batch size, a fixed extend length), so a captured graph re-reads the
+plan at every replay and the host sends nothing per step. The conventions follow sglang's
+(``kv_canary/plan_input.py`` upstream):
+
+| forward | prefix (verified) | new positions (written) |
+|---|---|---|
+| decode, EAGLE draft step (seq_lens stay pre-bump, positions advance) | ``positions`` | 1 |
+| target verify | ``seq_lens`` | draft tokens per request |
+| extend, mixed, draft-extend | ``extend_prefix_lens`` (else ``seq_lens - extend_seq_lens``) | ``extend_seq_lens`` |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from canary_instrument.runtime.errors import CanaryWiringError
+from canary_instrument.runtime.passes.state import IDENTITY_FIRST_NEW, IDENTITY_LAST_NEW, IDENTITY_OFF, PlanInputs
+
+DECODE = "decode"
+EXTEND = "extend"
+TARGET_VERIFY = "target_verify"
+IDLE = "idle"
+
+
+def forward_kind(forward_batch: Any) -> str:
+    """Which plan convention applies; target-verify first because sglang counts it as an extend."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None:
+        raise ValueError(f"kv canary: forward batch {type(forward_batch).__qualname__} has no forward_mode")
+    if not getattr(forward_batch, "batch_size", 0):
+        return IDLE
+    # Keyed by type first: IntEnum modes of different engines compare equal to each other's ints. Two
+    # lookups, no key tuple: this runs at every step, and an allocation there can start a collection.
+    by_mode = _KINDS.get(type(mode))
+    if by_mode is None:
+        by_mode = _KINDS[type(mode)] = {}
+    try:
+        return by_mode[mode]
+    except (KeyError, TypeError):  # not seen yet, or a mode that cannot be a dict key
+        pass
+    kind = _kind_of(mode)
+    try:
+        by_mode[mode] = kind
+    except TypeError:
+        pass
+    return kind
+
+
+_KINDS: dict = {}  # mode type -> {mode -> kind}: the mode methods cost more host time than a lookup
+
+
+def _kind_of(mode: Any) -> str:
+    def is_(name: str) -> bool:
+        check = getattr(mode, name, None)
+        return bool(check()) if callable(check) else False
+
+    if is_("is_idle"):
+        return IDLE
+    if is_("is_target_verify"):
+        return TARGET_VERIFY
+    if is_("is_draft_extend_v2") or is_("is_draft_extend") or is_("is_extend"):
+        return EXTEND
+    if is_("is_decode"):
+        return DECODE
+    raise ValueError(f"kv canary: unsupported forward mode {mode!r}")
+
+
+def draft_token_count(forward_batch: Any) -> int:
+    """Draft tokens per request of a target-verify batch: declared by the batch, else tokens / requests."""
+    count = getattr(forward_batch, "num_tokens_per_req", None)
+    if count is None:
+        count = getattr(getattr(forward_batch, "spec_info", None), "draft_token_num", None)
+    if count is None:
+        count = int(forward_batch.input_ids.shape[0]) // int(forward_batch.batch_size)
+    return int(count)
+
+
+def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: bool = False) -> PlanInputs | None:
+    """The plan of sub-forward ``index`` over ``forward_batch``, or None for an idle batch (nothing to do).
+
+    Host work only (attribute reads); every tensor of the plan is one the batch already holds.
+    ``draft``: the runner is an EAGLE draft worker, whose decode step ``index`` may compare its
+    rows only below ``prefix - (index + 1)`` with the target's (the bonus token and the chain's
+    own guesses are not in the target's cache yet).
+    """
+    if forward_batch is None:
+        raise CanaryWiringError(
+            "kv canary: the bracketed model.forward got no forward batch (third argument or forward_batch=); "
+            "the canary plans every forward from it"
+        )
+    kind = forward_kind(forward_batch)
+    if kind == IDLE:
+        return None
+    plan = _plan(forward_batch, kind, enabled, index, draft)
+    if not draft:
+        # Request identity and the write side (target only: a draft worker's rows past the target's are
+        # guesses its draft-extend rewrites, and its draft steps' out_cache_loc is not one slot per input id).
+        plan.identity = IDENTITY_FIRST_NEW if kind == TARGET_VERIFY else IDENTITY_LAST_NEW
+        plan.out_cache_loc = getattr(forward_batch, "out_cache_loc", None)
+    else:
+        plan.identity = IDENTITY_OFF
+    return plan
+
+
+def _plan(forward_batch: Any, kind: str, enabled: Any, index: int, draft: bool) -> PlanInputs:
+    bs = int(forward_batch.batch_size)
+    rpi = forward_batch.req_pool_indices
+    if kind == DECODE:
+        positions = forward_batch.positions
+        if positions.shape[0] != bs:
+            raise CanaryWiringError(
+                f"kv canary: a decode batch of {bs} requests has {positions.shape[0]} positions; the canary "
+                "plans one new token per request (EAGLE topk > 1 draft trees are not supported)"
+            )
+        return PlanInputs(bs, rpi, positions, None, enabled, extend_const=1, check_sampled=not draft,
+                          target_margin=index + 1 if draft else -1)
+    if kind == TARGET_VERIFY:
+        return PlanInputs(bs, rpi, forward_batch.seq_lens, None, enabled, extend_const=draft_token_count(forward_batch),
+                          target_margin=0 if draft else -1)
+    extend = forward_batch.extend_seq_lens
+    prefix = getattr(forward_batch, "extend_prefix_lens", None)
+    if prefix is not None:
+        return PlanInputs(bs, rpi, prefix, extend, enabled, target_margin=0 if draft else -1)
+    # sglang's draft-extend graph replay passes extend_seq_lens but no extend_prefix_lens.
+    return PlanInputs(bs, rpi, forward_batch.seq_lens, extend, enabled, prefix_is_end=True,
+                      target_margin=0 if draft else -1)

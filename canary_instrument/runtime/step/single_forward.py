@@ -1,0 +1,84 @@
+"""One sub-forward of a step (one model forward of a multi-step draft): its phase and its plan.
+
+The bracketed ``model.forward`` runs its pre-ops (plan from the batch, then verify + write) and its
+post-ops (verify + fingerprint) through the active sub-forward manager; once init has finished,
+each checks that it runs in the phase the site left it in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from canary_instrument.runtime.errors import CanaryWiringError
+from canary_instrument.runtime.passes.ops import CanaryOps
+from canary_instrument.runtime.step.plan import plan_from_batch
+from canary_instrument.runtime.passes.state import CanaryState, PlanInputs
+from canary_instrument.runtime.step.steps import StepState
+
+# Sub-forward phases.
+IDLE, PLANNED, PRE_DONE, POST_DONE = "idle", "planned", "pre-ops done", "post-ops done"
+
+
+class SingleForwardManager:
+    """One sub-forward: its phase and its latest plan."""
+
+    def __init__(self, index: int, *, steps: StepState, ops: CanaryOps, state: CanaryState, enabled: Any,
+                 is_draft: bool):
+        self.index = index
+        self._steps = steps
+        self.ops = ops
+        self._state = state
+        self._enabled = enabled
+        self._draft = is_draft
+        self.phase = IDLE
+        # The plan of the forward in flight (pre-ops to post-ops); inside a CUDA graph, the plan
+        # captured with the graph's static batch.
+        self.plan: Optional[PlanInputs] = None
+
+    def expect(self, allowed: tuple[str, ...], action: str) -> None:
+        if self.phase not in allowed:
+            raise CanaryWiringError(
+                f"kv canary: {action} for sub-forward {self.index} while it is {self.phase!r}; "
+                f"expected {' or '.join(repr(a) for a in allowed)} (is a canary context missing or duplicated?)"
+            )
+
+    def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
+        steps = self._steps
+        if steps.init_finished:
+            site = steps.open
+            if self.phase is IDLE and site is not None:
+                site.plan_for_eager_forward(self)
+            self.expect((PLANNED,), "pre-ops inside the graph")
+            self.phase = PRE_DONE
+        self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft)
+        if plan is not None:
+            self.ops.pre_forward(self._state, plan, input_ids)
+            if steps.token_oracle is not None:
+                steps.token_oracle.check(plan, input_ids, forward_batch)
+
+    def post_ops_maybe_inside_graph(self) -> None:
+        if self._steps.init_finished:
+            self.expect((PRE_DONE,), "post-ops inside the graph")
+            self.phase = POST_DONE
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            self.ops.post_forward(self._state, plan)
+
+
+def sub_forward(sfms: list, index: Any) -> SingleForwardManager:
+    """Sub-forward manager ``index`` of ``sfms``, validated."""
+    if not isinstance(index, int) or not 0 <= index < len(sfms):
+        raise CanaryWiringError(
+            f"kv canary: sub-forward index {index!r} out of range; this manager has "
+            f"{len(sfms)} (max(1, speculative_num_steps - 1))"
+        )
+    return sfms[index]
+
+
+def listed(sfms: list, indices: Optional[Iterable[int]]) -> list:
+    """The sub-forward managers of a listing, validated (a site resolves its listing once)."""
+    indices = [0] if indices is None else list(indices)
+    found = [sub_forward(sfms, i) for i in indices]
+    if len({s.index for s in found}) != len(found):
+        raise ValueError(f"kv canary: duplicate sub-forward indices {indices}")
+    return found
