@@ -15,11 +15,11 @@ engine's step tracing opens) whose call tree does any work; views and other meta
 backend (`init_forward_metadata`, `forward`) are counted apart from the rest of the model. Host reads
 (`aten::item`) are listed: none may sit in a CUDA-graph-captured forward.
 
-    PYTHONPATH=. python bench/engine/model_ops.py --out bench/engine/results/model_ops_after
-    PYTHONPATH=. python bench/engine/model_ops.py --engine-dir /tmp/engine_before --out ...before
+    PYTHONPATH=. python bench/engine/model_ops.py --out bench/engine/results/model_ops
+    PYTHONPATH=. python bench/engine/model_ops.py --engine-dir /tmp/old/golden/engine --out /tmp/model_ops_old
 
-`--engine-dir` points at another copy of `golden/engine` (e.g. `git archive <rev> golden/engine`),
-which is how the "before" figures were taken; `--smoke` runs a tiny model for a test.
+`--engine-dir` points at another copy of `golden/engine` (e.g. `git archive <rev> golden/engine`) to
+count an older engine; `--smoke` runs a tiny model for a test.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 
 from canary_instrument.demo import engine_copy  # noqa: E402
 
-# overhead.py / step_floor.py's engine: 8 layers, Llama-3-8B's per-layer attention shape, bf16.
+# step_floor.py's engine: 8 layers, Llama-3-8B's per-layer attention shape, bf16.
 ENGINE_SHAPE = dict(
     vocab_size=32000, hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
     head_dim=128, kv_lora_rank=512, qk_rope_head_dim=64, sliding_window_size=16, dtype="bfloat16",

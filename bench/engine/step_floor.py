@@ -17,14 +17,15 @@ One run, one table per device (files named after it):
     bytes of one layer per verified row, so distinct buffers would change the memory needed, and the
     post-forward pass's reads of the aliased layers may hit L2 (a few rows per decode step).
 
-(b) The reference engine (golden/engine, instrumented with the real CLI), sized like overhead.py
-    (8 layers, hidden 2048, 16 query / 8 KV heads x 128, bf16, Triton attention, CUDA-graph decode),
-    canary off vs on (log, realkv=partial), alternating rounds of decode steps. Per step: wall time
-    with the device synchronised around it (scheduler, sampling, canary host work included), and
-    the forward's device time (the graph runner's replay between two CUDA events). Its floor: all
-    of its weights plus the KV its attention reads per step, at the copy bandwidth.
+(b) The reference engine (golden/engine, instrumented with the real CLI) with Llama-3-8B's per-layer
+    attention shape (8 layers, hidden 2048, 16 query / 8 KV heads x 128, bf16, Triton attention,
+    CUDA-graph decode), canary off vs on (log, realkv=partial), alternating rounds of decode steps.
+    Per step: wall time with the device synchronised around it (scheduler, sampling, canary host
+    work included), and the forward's device time (the graph runner's replay between two CUDA
+    events). Its floor: all of its weights plus the KV its attention reads per step, at the copy
+    bandwidth.
 
-Bandwidth convention (as overhead.py): a device-to-device copy of N bytes moves 2N (read + write);
+Bandwidth convention: a device-to-device copy of N bytes moves 2N (read + write);
 bandwidth = 2N / time. The floors divide the bytes a step must read by that figure.
 
 (b) needs an instrumented engine, which the CLI makes with libcst. Where libcst is missing (the GPU

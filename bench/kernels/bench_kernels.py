@@ -7,7 +7,8 @@ graph, so they pay no graph launch of their own, and the model's work has flushe
 
     PYTHONPATH=$PWD python bench/kernels/bench_kernels.py --out DIR
 
-writes DIR/results.json and DIR/scaling.png; RESULTS.md in this folder is written from them.
+writes DIR/results.json and DIR/scaling.png (a plot of its scaling table); a run kept goes into results/,
+and write_results.py writes RESULTS.md from the runs there.
 
 Bytes-per-slot model for verify (one verified position, per pass): req_to_token entry 4 B once
 per position (the target's verify reads no per-position expected token: the sampled-token check

@@ -1,12 +1,27 @@
-"""Turn bench_kernels.py's results.json into RESULTS.md (tables only; every figure is measured).
+"""Write RESULTS.md from the committed runs in results/: one current table per benchmark, each from the
+newest run that measured it, with that run's machine and command (every figure is measured).
 
-    python bench/kernels/write_results.py bench/kernels/results.json > bench/kernels/RESULTS.md
+    python bench/kernels/write_results.py > bench/kernels/RESULTS.md
+
+A new GPU run of bench_kernels.py (or plan_width.py) goes into results/ under a name saying the machine
+and what ran, last in RUNS (or as PLAN_WIDTH); a run every table of which a newer one replaced leaves
+the folder (git keeps it). tests/bench/test_kernels_results.py checks the page against this script.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# bench_kernels.py's results.json of each committed run, oldest first: a later run's table replaces an
+# earlier one's (the scaling table per real-KV mode).
+RUNS = ("h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
+PLAN_WIDTH = "h100_plan_width.json"  # plan_width.py's run
+SECTIONS = {"tuning": "tuning", "verify": "verify bandwidth", "write_16k": "16k write",
+            "vs_reference": "torch reference", "sweep": "sweep"}
+COMMAND = "python bench/kernels/write_results.py > bench/kernels/RESULTS.md"
 
 
 def table(headers, rows):
@@ -19,57 +34,106 @@ def verdict(ok: bool) -> str:
     return "meets" if ok else "MISSES"
 
 
-def main(path: str) -> None:
-    r = json.load(open(path))
-    copy = r["copy_tb_s"]
+def newest(runs, section):
+    """(name, run) of the newest run holding ``section``, or None."""
+    found = [(name, r) for name, r in runs if section in r]
+    return found[-1] if found else None
+
+
+def describe_run(name: str, r: dict, tables: list[str]) -> str:
+    parts = [f"`results/{name}` ({'; '.join(tables)}): {r['device']}"]
+    if "torch" in r:
+        parts.append(f"torch {r['torch']}, triton {r['triton']}")
+    if "copy_tb_s" in r:
+        parts.append(f"device-to-device copy {r['copy_tb_s']:.2f} TB/s")
+    if "layers" in r:
+        parts.append(f"{r['layers']} layers per fingerprinted half ({r['layer_buffers']} distinct buffers), "
+                     f"request-side checks {'on' if r['request_side'] else 'off'}")
+    elif name in RUNS:
+        parts.append("one layer per fingerprinted half (the run predates `--layers`)")
+    if isinstance(r.get("config"), str):  # --config; a tuned run's "config" is what the tuning chose
+        parts.append(f"launch {r['config']} for every mode")
+    if "incomplete" in r:
+        parts.append("cut short (its `incomplete` field says where)")
+    return ", ".join(parts) + f". Command: `{r['command']}`"
+
+
+def source(name: str) -> str:
+    return f"Run: `results/{name}`."
+
+
+def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) -> str:
     lines = [
         "# Canary kernel benchmarks",
         "",
-        f"Device: **{r['device']}** (torch {r['torch']}, triton {r['triton']}). Produced by",
+        f"Written by `{COMMAND}` from the committed runs in `results/`; do not edit by hand. One current "
+        "table per benchmark, each from the newest run that measured it; earlier runs are in git history.",
         "",
-        "```",
-        "PYTHONPATH=$PWD python bench/kernels/bench_kernels.py --out OUT",
-        "python bench/kernels/write_results.py OUT/results.json > bench/kernels/RESULTS.md",
-        "```",
+        "Pass times (tuning, verify, scaling) are per pass inside one CUDA graph of 20 passes, each after a "
+        "128 MiB L2 flush, minus a graph of the flushes alone (`per_pass_ms`): the runtime's passes are nodes of "
+        "the model's graph, so they pay no graph launch of their own and find their data out of L2. Beside "
+        "them, one replay of a graph holding a single pass (its launch included). Write and reference speedups "
+        "use single replays. The reference bandwidth is a device-to-device copy of 2 GiB, bytes read + written, "
+        "`triton.testing.do_bench` median, measured in the same run.",
         "",
-        f"Reference bandwidth: device-to-device copy of 2 GiB, bytes read + written, "
-        f"`triton.testing.do_bench` median: **{copy:.2f} TB/s**. Pass times (tuning, verify, scaling) are per "
-        "pass inside one CUDA graph of 20 passes, each after a 128 MiB L2 flush, minus a graph of the flushes "
-        "alone (`per_pass_ms`): the runtime's passes are nodes of the model's graph, so they pay no graph launch "
-        "of their own and find their data out of L2. Beside them, one replay of a graph holding a single pass "
-        "(its launch included), as earlier pages reported. Write and reference speedups use single replays.",
+        "## Runs",
+        "",
+        "Oldest first. A table from an older run measured the kernels of its day: no later run reached it.",
         "",
     ]
-    if "command" in r:
-        lines += [f"This run: `{r['command']}`.", ""]
-    if "incomplete" in r:
-        lines += [f"**Incomplete run**: {r['incomplete']}.", ""]
-    if "config" in r:
-        def describe(c):
+    tables = {name: [] for name, _ in runs}
+    for section, title in SECTIONS.items():
+        found = newest(runs, section)
+        if found:
+            tables[found[0]].append(title)
+    modes = {}
+    for name, r in runs:
+        modes.update(dict.fromkeys((s["realkv"] for s in r.get("scaling", ())), name))
+    for mode, name in modes.items():
+        tables[name].append(f"scaling, realkv={mode}")
+    unused = [name for name, t in tables.items() if not t]
+    if unused:
+        raise SystemExit(f"{', '.join(unused)}: every table of these runs has a newer run; take them out of RUNS")
+    lines += [f"- {describe_run(name, r, tables[name])}" for name, r in runs]
+    if plan_width:
+        lines.append(f"- {describe_run(*plan_width, ['plan width'])}")
+    lines.append("")
+
+    found = newest(runs, "tuning")
+    if found:
+        name, r = found
+
+        def launch(c):
             variant = f"variant {c['variant']}, " if "variant" in c else ""
             return f"{variant}BLOCK={c['block']}, num_warps={c['num_warps']}, {c['programs_per_sm']} programs/SM"
 
         lines += [
-            "Launch configurations and kernel variants are swept per real-KV mode (table below). The "
-            "verify-bandwidth table uses each mode's fastest 1M-position verify ("
-            + "; ".join(f"{k}: {describe(v)}" for k, v in r["verify_config"].items())
-            + "); every other figure uses the one with the lowest worst-case share of attention time over both "
-            "ends of the scaling table ("
-            + "; ".join(f"{k}: {describe(v)}" for k, v in r["config"].items())
+            "## Launch configurations (`bench_kernels.py`, tuning)",
+            "",
+            "Swept per real-KV mode. The verify-bandwidth table uses each mode's fastest 1M-position verify ("
+            + "; ".join(f"{k}: {launch(v)}" for k, v in r["verify_config"].items())
+            + "); the other tables of the run use the one with the lowest worst-case share of attention time "
+            "over both ends of the scaling table ("
+            + "; ".join(f"{k}: {launch(v)}" for k, v in r["config"].items())
             + "; realkv=all: the runtime default launch).",
             "",
             table(["realkv", "variant", "BLOCK", "num_warps", "programs/SM", "1M-position verify per pass (us)",
                    "8 x 16384 pre + post per pass (us)", "violations"],
-                  [(t["realkv"], t.get("variant", "shipped"), t["block"], t["num_warps"], t["programs_per_sm"], f"{t['us']:.1f}",
-                    f"{t['small_us']:.1f}", t["violations"]) for t in r["tuning"]]),
+                  [(t["realkv"], t.get("variant", "shipped"), t["block"], t["num_warps"], t["programs_per_sm"],
+                    f"{t['us']:.1f}", f"{t['small_us']:.1f}", t["violations"]) for t in r["tuning"]]),
+            "",
+            source(name),
             "",
         ]
-    if "verify" in r:
+    found = newest(runs, "verify")
+    if found:
+        name, r = found
         lines += [
             "## Verify bandwidth (1,048,576 positions = 64 requests x 16384, MHA K and V halves)",
             "",
-            "Bytes per verified position: req_to_token 4 B + per half the 32 B canary row (no per-position expected token: the sampled-token check reads one entry per request)"
-            " (+ with realkv=partial the 32 B sector holding the 16 B of layer 0's KV row it fingerprints). Predecessor rows are the neighbouring lane's"
+            "Bytes per verified position: req_to_token 4 B + per half the 32 B canary row (no per-position expected"
+            " token: the sampled-token check reads one entry per request) (+ with realkv=partial the 32 B sector"
+            " holding the 16 B of layer 0's KV row it fingerprints). Predecessor rows are the neighbouring lane's"
             " and are not counted. Bar: >= 60 % of the copy bandwidth for contiguous pages.",
             "",
             "A copy moving the same bytes, timed the same way, is beside it: copies of tens of megabytes do not"
@@ -84,9 +148,12 @@ def main(path: str) -> None:
                     verdict(v["fraction_of_copy"] >= 0.6) if v["pages"] == "contiguous" else "(reported)")
                    for v in r["verify"]]),
             "",
+            source(name),
+            "",
         ]
-    if "write_16k" in r:
-        writes = r["write_16k"]
+    found = newest(runs, "write_16k")
+    if found:
+        name, r = found
         lines += [
             "## 16k-token single-request write vs a serial per-request chain",
             "",
@@ -99,10 +166,14 @@ def main(path: str) -> None:
             table(["tokens", "BLOCK", "CATCH", "parallel (us)", "serial (us)", "speedup", "rows identical", "bar"],
                   [(w["tokens"], w["block"], w.get("catch", 0), f"{w['parallel_us']:.1f}", f"{w['serial_us']:.1f}",
                     f"{w['speedup']:.0f}x", w["rows_identical"], verdict(w["speedup"] >= 50 and w["rows_identical"]))
-                   for w in writes]),
+                   for w in r["write_16k"]]),
+            "",
+            source(name),
             "",
         ]
-    if "vs_reference" in r:
+    found = newest(runs, "vs_reference")
+    if found:
+        name, r = found
         lines += [
             "## Against the torch reference (64 x 4096 decode batch, realkv=partial)",
             "",
@@ -112,8 +183,14 @@ def main(path: str) -> None:
                   [(v["layout"], v["kernel"], f"{v['triton_us']:.1f}", f"{v['torch_us']:.0f}",
                     f"{v['speedup']:.0f}x", verdict(v["speedup"] >= 20)) for v in r["vs_reference"]]),
             "",
+            source(name),
+            "",
         ]
-    if "scaling" in r:
+    by_mode = {}  # real-KV mode -> (run name, rows), the newest run's
+    for name, r in runs:
+        for mode in dict.fromkeys(s["realkv"] for s in r.get("scaling", ())):
+            by_mode[mode] = name, [s for s in r["scaling"] if s["realkv"] == mode]
+    if by_mode:
         lines += [
             "## Per-forward canary cost vs attention's KV read (Llama-3-8B decode)",
             "",
@@ -122,17 +199,23 @@ def main(path: str) -> None:
             " expected-token table on. Attention time = requests x context x 128 KiB / copy bandwidth."
             " The req pool has the rows of a deployment (req-pool rows column: sglang's default"
             " max_running_requests of 2048-4096, plus its padding row), not just the batch's."
-            " Bar: <= 0.5 %." + (f" Plot: `{r['plot']}`." if r.get("plot") else ""),
+            " Each real-KV mode's rows come from the newest run that measured it (run column; the runs' layers"
+            " and launch are listed above). Bar: <= 0.5 %.",
             "",
             table(["realkv", "requests x context", "req-pool rows", "canary per forward (us)",
-                   "one graph replay (us)", "attention KV read (us)", "canary / attention", "violations", "bar"],
+                   "one graph replay (us)", "attention KV read (us)", "canary / attention", "violations", "bar",
+                   "run"],
                   [(s["realkv"], f"{s['reqs']} x {s['ctx']}", s.get("pool_rows", s["reqs"] + 1),
                     f"{s['canary_us']:.1f}", f"{s['replay_us']:.1f}" if "replay_us" in s else "-",
-                    f"{s['attention_us']:.0f}", f"{s['percent']:.3f} %", s["violations"], verdict(s["percent"] <= 0.5))
-                   for s in r["scaling"]]),
+                    f"{s['attention_us']:.0f}", f"{s['percent']:.3f} %", s["violations"], verdict(s["percent"] <= 0.5),
+                    f"`{name}`")
+                   for mode in ("none", "partial", "all") if mode in by_mode
+                   for name, rows in [by_mode[mode]] for s in rows]),
             "",
         ]
-    if "sweep" in r:
+    found = newest(runs, "sweep")
+    if found:
+        name, r = found
         sweeps = r["sweep"]
         lines += [
             "## Idle-cache sweep: cost of one sweep step",
@@ -151,9 +234,45 @@ def main(path: str) -> None:
                     f"{w['step_us']:.1f}", f"{w['rows_per_us']:.0f}", f"{w['step_us'] / 16:.1f}", w["violations"])
                    for w in sweeps]),
             "",
+            source(name),
+            "",
         ]
-    print("\n".join(lines))
+    else:
+        lines += ["The idle-cache sweep (`bench_kernels.py --only sweep`) has no committed GPU run.", ""]
+    if plan_width:
+        name, r = plan_width
+        us = {(w["realkv"], w["reqs"], w["ctx"], w["pool_rows"], w["rule"]): w["us"] for w in r["rows"]}
+        shapes = list(dict.fromkeys((w["realkv"], w["reqs"], w["ctx"]) for w in r["rows"]))
+        pools = sorted({w["pool_rows"] for w in r["rows"] if w["rule"] == "capacity" and w["pool_rows"] > 2048})
+        lines += [
+            "## The plan width against the req pool's capacity (`plan_width.py`)",
+            "",
+            "Every program rebuilds the batch's per-request block plan in registers, MAX_BS lanes wide; MAX_BS is"
+            " the batch size rounded up to a power of two (at least 16), not the req pool's row count (sglang sizes"
+            " req_to_token by max_running_requests + 1, 2048-4096 requests by default, which took the kernels to"
+            " 255 registers with spills). MHA pre + post pass per forward, timed as the scaling table.",
+            "",
+            table(["realkv", "requests x context", *(f"plan by pool: {p} rows (us)" for p in pools),
+                   f"plan by batch (shipped), {pools[-1]}-row pool (us)"],
+                  [(mode, f"{reqs} x {ctx}", *(f"{us[mode, reqs, ctx, p, 'capacity']:.1f}" for p in pools),
+                    f"{us[mode, reqs, ctx, pools[-1], 'batch']:.1f}") for mode, reqs, ctx in shapes]),
+            "",
+            f"Run: `results/{name}` (every pool size and MAX_BS: `results/{Path(name).with_suffix('.md')}`). One"
+            " compiled variant per captured graph's batch size costs about 3.5 s of compilation for pre + post on"
+            " first use (cached on disk by Triton afterwards).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def load(folder: Path = HERE / "results") -> tuple[list[tuple[str, dict]], tuple[str, dict]]:
+    runs = [(name, json.loads((folder / name).read_text())) for name in RUNS]
+    return runs, (PLAN_WIDTH, json.loads((folder / PLAN_WIDTH).read_text()))
+
+
+def main() -> None:
+    sys.stdout.write(render(*load()))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

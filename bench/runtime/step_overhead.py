@@ -311,7 +311,7 @@ class Case:
                  sweep_interval: int = 0, real_kv: str = "partial"):
         # Free the engines of earlier cases first: this harness's patches on them (replay counters, timers)
         # make reference cycles, and a collection that frees their CUDA graphs while this engine captures
-        # invalidates the capture (it did in probe_sites.py). Dead engines also leave the heap larger.
+        # invalidates the capture (it did when a third engine was built in one process). Dead engines also leave the heap larger.
         gc.collect()
         eagle = subs > 1
         per_step = subs + 2 if eagle else 1  # tokens a step may add: accepted drafts + bonus

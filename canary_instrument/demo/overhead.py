@@ -96,7 +96,7 @@ def measure_overhead(
 
 # The whole-step benchmark's committed result, in a source checkout (an installed package has no bench/).
 COMMITTED_GPU_RESULT = Path(__file__).resolve().parents[2] / "bench" / "engine" / "results" / \
-    "step_floor_nvidia_h100_80gb_hbm3.json"
+    "step_floor_nvidia_h200.json"
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,7 @@ def test_triton_layers_generate_what_the_torch_layers_generate(refsgl, m, layout
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_compiled_kernels_match_torch_path_at_model_shapes(m, kernels, dtype):
-    """overhead.py's engine shape: hidden 2048, 16 query / 8 KV heads x 128; an MLA rope of 64 over 512 latents."""
+    """bench/engine/step_floor.py's engine shape: hidden 2048, 16 query / 8 KV heads x 128; an MLA rope of 64 over 512 latents."""
     device, n = "cuda", 37
     norm = m.layernorm.RMSNorm(2048).to(device)
     norm.weight.data = _randn((2048,), torch.float32, device, 1).to(dtype)

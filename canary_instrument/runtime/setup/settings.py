@@ -47,9 +47,9 @@ class CanarySettings:
     # [kv_canary_readback_interval / KV_CANARY_READBACK_INTERVAL] steps between tagged status snapshots
     # (one async copy and an event each): the health check, and stats/SWA figures between their own
     # lines, come back within this many steps. Violations do not wait for it (status.py). 64: a step that
-    # takes or reads a snapshot costs many times a clean step's host time (bench/runtime/RESULTS.md, per
-    # site in place), and a draft manager counts two steps per EAGLE step; a lost bracket still raises
-    # within a second or so.
+    # takes or reads a snapshot costs many times a clean step's host time (a per-site probe's table in
+    # git show c2b030b:bench/runtime/RESULTS.md), and a draft manager counts two steps per EAGLE step;
+    # a lost bracket still raises within a second or so.
     readback_interval: int = 64
     token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off

@@ -57,7 +57,7 @@ class SampledTokens:
     never writes it: a sample is one copy of the sampler's output into ``staging`` (in the batch's order),
     and the next pre-forward pass files it under the rows the sampled forward's own pre-forward pass left
     in ``rows``. The copy into a cached view costs less host time than an ``index_copy_`` by row
-    (bench/runtime/RESULTS.md, ``probe_record.py``).
+    (a probe since removed: ``git show c2b030b:bench/runtime/RESULTS.md``).
     """
 
     def __init__(self, max_reqs: int, device: Any):

@@ -1,0 +1,30 @@
+"""bench/kernels: RESULTS.md is what write_results.py writes from the committed runs, and every committed run
+supplies a table of it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[2] / "bench" / "kernels"
+spec = importlib.util.spec_from_file_location("bench_kernels_write_results", HERE / "write_results.py")
+write_results = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(write_results)
+
+
+def test_the_page_is_written_from_the_committed_runs():
+    assert write_results.render(*write_results.load()) == (HERE / "RESULTS.md").read_text()
+
+
+def test_every_file_in_results_is_a_run_the_page_reads():
+    read = {*write_results.RUNS, write_results.PLAN_WIDTH, Path(write_results.PLAN_WIDTH).with_suffix(".md").name}
+    assert {p.name for p in (HERE / "results").iterdir()} == read
+
+
+def test_a_run_every_table_of_which_a_newer_run_replaced_is_refused():
+    runs, plan_width = write_results.load()
+    verify_scaling = dict(runs)["h100_verify_scaling.json"]
+    with pytest.raises(SystemExit, match="h100_verify_scaling.json"):
+        write_results.render(runs + [("newer.json", verify_scaling)], plan_width)
