@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 from types import UnionType
@@ -85,7 +86,9 @@ def _read_toml(path: Path) -> dict:
 # The TOML tables and the model dataclass each is checked against (model.py's field types are the schema).
 _TABLES = {"sites": Site, "hooks": Hook, "triggers": Trigger, "extend_triggers": Trigger}
 _EXTENDS = {"extend_candidates"}  # overlay-only keys of a site or hook: merged into `candidates`
-_TOP_KEYS = {f.name for f in fields(Catalog)} - {"sources"} | {"default", "catalog", "extend_triggers"}
+_TOP_KEYS = {f.name for f in fields(Catalog)} - {"sources", "per_file_ignores"} | {
+    "default", "catalog", "extend_triggers", "per-file-ignores"}
+_CODE = re.compile(r"CI[0-9]{3}")  # a finding code, as `ignore` and `per-file-ignores` name them
 
 
 def _known(cls) -> set[str]:
@@ -324,6 +327,15 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
         raise CatalogError(f"{source}: exclude: expected a list of path patterns, got {exclude!r}")
 
+    def codes(value, where):
+        if not isinstance(value, list) or not all(isinstance(c, str) and _CODE.fullmatch(c) for c in value):
+            raise CatalogError(f"{source}: {where}: expected a list of finding codes such as \"CI301\", got {value!r}")
+        return tuple(value)
+
+    per_file = raw.get("per-file-ignores", {})
+    if not isinstance(per_file, dict):
+        raise CatalogError(f"{source}: per-file-ignores: expected a table of path pattern = [codes], got {per_file!r}")
+
     return Catalog(
         runtime_module=runtime_module,
         member=top["member"],
@@ -337,4 +349,8 @@ def _validate(raw: dict, source: str, sources: tuple[str, ...]) -> Catalog:
         null_contexts=top.get("null_contexts", Catalog.null_contexts),
         model_runner=model_runner,
         kv_forward=kv_forward,
+        ignore=codes(raw.get("ignore", []), "ignore"),
+        per_file_ignores=tuple(
+            (pattern, codes(value, f"per-file-ignores.{pattern}")) for pattern, value in per_file.items()
+        ),
     )

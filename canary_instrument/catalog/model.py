@@ -179,6 +179,10 @@ class Catalog:
     null_contexts: tuple[str, ...] = field(default=("nullcontext", "empty_context"), metadata=EMPTY_OK)
     model_runner: ModelRunnerShape = ModelRunnerShape()
     kv_forward: KvForward = KvForward()
+    # Acknowledged findings (rewrite/suppressions.py): codes silenced everywhere, and (path pattern, codes)
+    # silenced in the files whose path ends with the pattern (`per-file-ignores` in TOML).
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def placeholder_names(self) -> frozenset[str]:

@@ -20,6 +20,7 @@ from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
 from canary_instrument.rewrite.scan import RESULT, Scan
+from canary_instrument.rewrite.suppressions import apply_suppressions
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
@@ -67,9 +68,9 @@ def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
     reports = {key: r for key, r in scan.reports.items() if r is not None}
     result.files_analysed = len(reports)
     considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
-    result.findings.extend(tree_findings(considered, catalog))
-    result.findings.extend(scan.uncovered(reports))
-    result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
+    found = tree_findings(considered, catalog) + scan.uncovered(reports)
+    directives = {key: r.suppressions for key, r in reports.items() if r.suppressions}
+    result.findings.extend(apply_suppressions(found, directives, catalog))
     result.errors.extend(scan.errors)
     if scan.cache is not None:
         scan.cache.set_extra(RESULT, (

@@ -22,3 +22,5 @@ class FileReport:
     placement: Placement | None = None  # roles expected and located, hooks needed and placed (None: a path only)
     handed: set[str] = field(default_factory=set)  # modules its model runner hands itself to for graph capture
     reach: ReachFacts | None = None  # CI301's facts: functions, calls, triggers (None: not in the call graph)
+    # `# noqa` directives: {line: (column, codes or None for a bare one)} (rewrite/suppressions.py)
+    suppressions: dict[int, tuple[int, frozenset[str] | None]] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilte
 from canary_instrument.rewrite.io.search_memo import SearchMemo
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.report import FileReport
+from canary_instrument.rewrite.suppressions import noqa_directives
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, parse_source, screen_round_trip, split_lines
 from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
 
@@ -188,8 +189,9 @@ class Scan:
             # (exit 2) even when it holds nothing the rules look at.
             source = read_source(path) if data is None else decode_source(path, data)
             tree = parse_source(source)
+            suppressions = noqa_directives(source.text)
             if not needs & SITES and not (needs & REACH and self.catalog.triggers):
-                return FileReport(path=path, placement=self._placement(path, needs))
+                return FileReport(path=path, placement=self._placement(path, needs), suppressions=suppressions)
             lines = split_lines(source.text)
             if self._parsed is not None:
                 self._parsed.append((tree, lines))  # see __init__
@@ -204,6 +206,7 @@ class Scan:
                 report = FileReport(path=path, placement=self._placement(path, needs))
             if needs & REACH and self.catalog.triggers:
                 report.reach = reach_facts(path, tree, lines, spans, self.catalog)
+            report.suppressions = suppressions
             return report
         except SourceError as error:
             return error

@@ -29,7 +29,7 @@ from canary_instrument.rewrite.analysis.roles import (
     scoped_manager,
     suggest_entry,
 )
-from canary_instrument.rewrite.analysis.shapes import ClassFacts, function_model_runner, names_runner
+from canary_instrument.rewrite.analysis.shapes import ClassFacts, batch_variable, function_model_runner, names_runner
 from canary_instrument.rewrite.analysis.sites import (
     MEMBER_MARKER,
     FileAnalysis,
@@ -333,7 +333,7 @@ def _discover(result, posix, cls, function, catalog: Catalog, imports: Imports, 
                 site=site, location=None, class_node=cls, method=function, block=block, first=holder, last=holder,
                 manager=manager, member=catalog.member, loop_index=context.loop_index,
                 wrapper=node if how == "with" else None, wrapper_block=block, assign=stmt,
-                state=kind, handwired=handwired, usage=how, placeholder=name,
+                state=kind, handwired=handwired, usage=how, placeholder=name, batch=_batch(site, function, catalog),
             ))
     for block, _, _ in walk_blocks(function.body):
         for stmt in block:
@@ -399,8 +399,16 @@ def _add_hinted(result: FileAnalysis, posix: str, classes, catalog: Catalog, fac
                     result.sites.append(SiteMatch(
                         site=site, location=location, class_node=cls, method=method, block=block, first=first,
                         last=last, manager=manager, member=catalog.member, loop_index=index,
-                        placeholder=site.placeholder,
+                        placeholder=site.placeholder, batch=_batch(site, method, catalog),
                     ))
+
+
+def _batch(site: Site, function, catalog: Catalog) -> str | None:
+    """The function's own name for the forward batch the role's wiring passes by another name."""
+    call = ast.parse(site.wiring.replace("{loop_index}", "i"), mode="eval").body
+    if not isinstance(call, ast.Call) or not call.args or not isinstance(call.args[0], ast.Name):
+        return None
+    return batch_variable(function, call.args[0].id, catalog.kv_forward)
 
 
 def _collect_members(result: FileAnalysis, catalog: Catalog, lines, facts) -> None:

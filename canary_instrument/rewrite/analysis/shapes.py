@@ -195,3 +195,37 @@ class ClassFacts(ClassScope):
             return None
         # refs is a set, so count how many distinct references pass through each chain.
         return max(sorted(counts), key=lambda chain: (counts[chain], -len(chain)))
+
+
+def batch_variable(function, name: str, kv_forward) -> str | None:
+    """The function's own name for the forward batch when `name` (the wiring's) is not bound in it: the one
+    parameter or local annotated with one of `kv_forward.batch_types`, or the one local a constructor of such
+    a type builds (`ForwardBatch(...)`, `ForwardBatch.init_new(...)`); None when `name` is bound or no single
+    one is found (the wiring keeps `name`, which CI207 then reports as undefined)."""
+    def typed(annotation) -> bool:
+        text = ast.unparse(annotation).strip("'\"") if annotation is not None else ""
+        return any(fnmatchcase(word, pattern) for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
+                   for pattern in kv_forward.batch_types)
+
+    def built(value) -> bool:
+        call = value if isinstance(value, ast.Call) else None
+        dotted = dotted_name(call.func) if call is not None else None
+        return dotted is not None and any(
+            fnmatchcase(part, pattern) for part in dotted.split(".")[:2] for pattern in kv_forward.batch_types)
+
+    bound: set[str] = {arg.arg for arg in parameters(function)}
+    found: list[str] = [arg.arg for arg in parameters(function) if typed(arg.annotation)]
+    for node in ast.walk(function):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            bound.add(node.target.id)
+            if typed(node.annotation) or (node.value is not None and built(node.value)):
+                found.append(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            bound.update(names)
+            if built(node.value):
+                found.extend(names)
+    if name in bound:
+        return None
+    unique = sorted(set(found))
+    return unique[0] if len(unique) == 1 else None

@@ -68,6 +68,7 @@ class SiteMatch:
     handwired: HandWired | None = None
     usage: str = "with"  # "with" | "argument"
     placeholder: str = ""  # the assigned name (the role's placeholder for a missing site)
+    batch: str | None = None  # the function's own name for the wiring's forward batch (`shapes.batch_variable`)
 
     @property
     def anchor(self) -> ast.stmt:
@@ -88,10 +89,12 @@ class SiteMatch:
     def wiring(self) -> str:
         """The expression this site's placeholder becomes (or its wiring must conform to)."""
         text = self.site.wiring.replace("{loop_index}", self.loop_index or "")
-        if self.handwired is None and not self.module_level:
+        if self.handwired is None and not self.module_level and self.batch is None:
             return text
         call = self._template()
         forward_batch = ast.unparse(call.args[0]) if call.args else None
+        if forward_batch is not None and self.batch is not None:
+            forward_batch = self.batch
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
         if self.handwired is not None:
             # Keep the hand-written expression where the catalog's is not a literal (the user's

@@ -16,6 +16,9 @@ from canary_instrument.rewrite.syntax.nodes import CANARY_CONTEXT_PATTERN
 SITES = 1  # a candidate class at a catalog location, or a placeholder: sites, hooks, members, strays
 REACH = 2  # a trigger call: the file's functions join CI301's call graph
 ROLES = 4  # a catalog location: the roles expected there (CI102), even with nothing else to analyse
+NOQA = 8  # a `# noqa` directive naming a code of ours: read for its suppressions (CI401)
+
+_NOQA = re.compile(rb"#[ \t]*noqa[ \t]*:[^\n]*?\bci[0-9]{3}", re.IGNORECASE)
 
 _STRAY = re.compile(CANARY_CONTEXT_PATTERN.encode())  # what locate's stray rule calls canary-named
 
@@ -184,6 +187,8 @@ class Prefilter:
         else there can hold no site, hook or placeholder, only the roles CI102 expects at its path."""
         located = self.path_matches(posix)
         flags = ROLES if located else 0
+        if b"noqa" in data and _NOQA.search(data) is not None:
+            flags |= NOQA
         if b"canary" in data or any(p in data for p in self._placeholders):
             if located or _STRAY.search(data) is not None or any(p in data for p in self._placeholders):
                 return flags | SITES | REACH
