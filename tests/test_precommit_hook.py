@@ -122,3 +122,51 @@ def test_apply_hook_wires_the_tree_and_stops_the_commit_for_review(tmp_path, hoo
     second = git("commit", "-m", "wired engine", cwd=repo, env=pre_commit_env, check=False)
     assert second.returncode == 0, second.stdout + second.stderr
     assert (repo / MODEL_RUNNER).read_bytes() == wired  # apply is idempotent: nothing left to do
+
+
+def test_pre_commit_on_a_real_sglang_checkout(tmp_path, hook_source, pre_commit_env):
+    """`pre-commit run --all-files` with the check hook on a released sglang package in a git repository:
+    green after `scaffold` and `apply`; red with the finding that names it when a site's wiring is
+    deleted, and when a new runner class adds a forward outside every site."""
+    from tests.realtree.conftest import DEFAULT_RELEASE, sglang_srt
+
+    repo = tmp_path / "sglang-checkout"
+    shutil.copytree(sglang_srt(DEFAULT_RELEASE), repo / "sglang" / "srt")
+    for command in ("scaffold", "apply"):
+        proc = tool(command, "-q", ".", cwd=repo)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    source, sha = hook_source
+    (repo / ".pre-commit-config.yaml").write_text(
+        f"repos:\n- repo: {source}\n  rev: {sha}\n  hooks:\n  - id: canary-instrument-check\n")
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+
+    def run_all() -> tuple[int, list[tuple[str, str]]]:
+        proc = subprocess.run([PRE_COMMIT, "run", "--all-files"], cwd=repo, env=pre_commit_env,
+                              capture_output=True, text=True)
+        found = [(m["path"], m["code"]) for m in FINDING.finditer(proc.stdout + proc.stderr)]
+        return proc.returncode, found
+
+    assert run_all() == (0, [])
+
+    # A site's wiring deleted: the forward site of ModelRunner.forward (its line and its `with` item).
+    model_runner = repo / "sglang/srt/model_executor/model_runner.py"
+    wired = model_runner.read_text()
+    unwired = re.sub(r"\n *canary_ctx = self\.canary_ctx\(forward_batch.*\)\n", "\n", wired, count=1)
+    unwired = re.sub(r"\n *canary_ctx,\n", "\n", unwired, count=1)
+    assert unwired.count("canary_ctx") == wired.count("canary_ctx") - 3  # the line names it twice
+    model_runner.write_text(unwired)
+    code, found = run_all()
+    assert code == 1 and ("sglang/srt/model_executor/model_runner.py", "CI101") in found, found
+    model_runner.write_text(wired)
+
+    # A new runner class whose capture runs the model's forward outside every site.
+    (repo / "sglang/srt/model_executor/runner/lookahead_graph_runner.py").write_text(
+        "class LookaheadGraphRunner:\n"
+        "    def __init__(self, model_runner):\n"
+        "        self.model_runner = model_runner\n\n"
+        "    def capture(self, forward_batch):\n"
+        "        return self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)\n"
+    )
+    code, found = run_all()
+    assert (code, found) == (1, [("sglang/srt/model_executor/runner/lookahead_graph_runner.py", "CI301")])

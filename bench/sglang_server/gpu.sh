@@ -4,8 +4,8 @@
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, correctness, correctness2, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
-# a scratch folder, once. When every part is in: copies the release's sglang package, runs
-# `canary-instrument apply` on the copy, then runs the suites named (none: install only). Logs and
+# a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
+# (instrument.py: `scaffold`, `apply`, and the gate), then runs the suites named (none: install only). Logs and
 # JSON go to $OUT (or bench/_work/sglang_server) as one archive per suite; report.py reads them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,13 +35,9 @@ fi
 # The unmodified release runs canary off and sglang's own canary; the applied copy runs ours.
 RELEASE="$WORK/site:$REPO"
 OURS="$WORK/ours:$REPO:$WORK/site"
-if [ ! -e "$WORK/ours/sglang" ]; then
-    rm -rf "$WORK/ours.tmp" && mkdir -p "$WORK/ours.tmp" && cp -a "$WORK/site/sglang" "$WORK/ours.tmp/"
-    PYTHONPATH=$RELEASE python3 -m canary_instrument apply "$WORK/ours.tmp/sglang/srt" 2>&1 | tee "$DEST/apply.log"
-    PYTHONPATH=$RELEASE python3 -m canary_instrument apply --check "$WORK/ours.tmp/sglang/srt" >/dev/null 2>&1 \
-        || { echo "gpu.sh: apply --check still finds work" >&2; exit 2; }
-    mv "$WORK/ours.tmp" "$WORK/ours"
-fi
+# scaffold, apply, then apply --check and check must be clean (instrument.py; CI runs it on the CPU).
+PYTHONPATH=$RELEASE python3 bench/sglang_server/instrument.py "$WORK/site/sglang" "$WORK/ours/sglang" \
+    > "$DEST/apply.log" 2>&1 || { cat "$DEST/apply.log"; echo "gpu.sh: the gate is not green on the release" >&2; exit 2; }
 export SGLANG_SERVER_MODELS=$WORK/models
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$DEST/device.txt"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -136,3 +137,39 @@ def test_cost_refuses_lines_that_cover_other_steps():
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
     with pytest.raises(SystemExit, match="do not cover the same steps"):
         report.cost_table({"off": off, "ours": ours})
+
+
+def gpu_release() -> str:
+    """The sglang release gpu.sh serves: the one wheels.lock pins."""
+    return next(line.split()[1].split("-")[1] for line in (HERE / "wheels.lock").read_text().splitlines()
+                if line and not line.startswith("#") and line.split()[1].startswith("sglang-"))
+
+
+def test_the_release_gpu_sh_serves_is_instrumented_with_a_green_gate(tmp_path):
+    """gpu.sh's step before any GPU work (instrument.py): scaffold and apply on a copy of the release's
+    package, then `apply --check` and `check` exit 0 with no finding. Run here on the CPU, so CI sees
+    a break of it before a GPU machine does."""
+    from tests.realtree.conftest import sglang_srt
+
+    package = sglang_srt(gpu_release()).parent
+    dest = tmp_path / "ours" / "sglang"
+    proc = subprocess.run([sys.executable, str(HERE / "instrument.py"), str(package), str(dest)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("-> exit 0") == 4
+    # The paths sglang's own wiring leaves bare are bracketed: the prefill graph's capture and warm-up.
+    prefill = (dest / "srt/model_executor/runner/prefill_cuda_graph_runner.py").read_text()
+    assert "canary_ctx = self.canary_ctx(active=0)" in prefill
+    assert "canary_warmup_ctx = self.canary_ctx(active=0)" in prefill
+    assert not (tmp_path / "ours" / "sglang.tmp").exists()
+
+
+def test_a_red_gate_leaves_no_package_behind(tmp_path):
+    package = tmp_path / "sglang"
+    (package / "srt/model_executor").mkdir(parents=True)
+    (package / "srt/model_executor/model_runner.py").write_text("def broken(:\n")
+    dest = tmp_path / "ours" / "sglang"
+    proc = subprocess.run([sys.executable, str(HERE / "instrument.py"), str(package), str(dest)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "the gate is not green" in proc.stderr
+    assert not dest.exists()
