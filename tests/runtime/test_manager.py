@@ -1,5 +1,7 @@
 """The manager: phase order per forward, dispatch to sub-forward managers, init gating, bracketing."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -7,10 +9,12 @@ from canary_instrument.runtime import CanaryWiringError, install_canary, mark_in
 from canary_instrument.runtime.reports.stats import StatsLine
 
 from .mini_engine import (
+    MHATokenToKVPool,
     MiniRunner,
     NestedModel,
     RecordingOps,
     Scheduler,
+    TinyModel,
     draft_step_batches,
     server_args,
 )
@@ -214,3 +218,20 @@ def test_a_reused_site_does_not_accept_an_index_that_only_equals_a_valid_one(dev
     with pytest.raises(CanaryWiringError, match="out of range"):
         with manager.with_ops_outside_graph([1.0], None):
             pass
+
+
+def test_a_draft_runner_that_reads_a_pool_it_does_not_own_gets_no_canary(dev, caplog):
+    """Frozen-KV MTP's draft reads its target's KV through a view and owns a placeholder pool of a few
+    slots, while its allocator (the target's) hands out the target's slots: a canary of its own could not
+    hold a row for what it reads. It gets none; the target's canary checks that pool."""
+    target = MiniRunner(server_args(), device=dev)
+    placeholder_pool = MHATokenToKVPool(8, dev)
+    draft = SimpleNamespace(
+        server_args=target.server_args, device=dev, is_draft_worker=True,
+        req_to_token_pool=target.req_to_token_pool, token_to_kv_pool=placeholder_pool,
+        token_to_kv_pool_allocator=SimpleNamespace(size=256), model=TinyModel(placeholder_pool).to(dev),
+    )
+    with caplog.at_level("WARNING", logger="canary_instrument.runtime"):
+        assert install_canary(server_args=target.server_args, model_runner=draft) is None
+    assert "reads a pool it does not own" in caplog.text
+    assert "__kv_canary_bracketed__" not in vars(draft.model)  # nothing installed on it

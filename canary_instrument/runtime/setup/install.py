@@ -40,6 +40,17 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         allocator=getattr(model_runner, "token_to_kv_pool_allocator", None),
     )
     device = attached.groups[0].rows.device
+    is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+    handed_out = _allocator_size(getattr(model_runner, "token_to_kv_pool_allocator", None))
+    if is_draft and handed_out is not None and handed_out >= attached.groups[0].rows.shape[0]:
+        # A draft that reads its target's pool and owns none of its own (frozen-KV MTP's is a placeholder of
+        # a few slots): its canary rows could not hold the slots it reads, which the target's canary checks.
+        logger.warning(
+            "kv canary: the draft runner %s's KV pool holds %d slots but its allocator hands out %d: it reads "
+            "a pool it does not own; no canary of its own (the target's checks that pool)",
+            type(model_runner).__qualname__, attached.groups[0].rows.shape[0] - 1, handed_out,
+        )
+        return None
     if req_to_token.device != device:
         raise ValueError(f"kv canary: req_to_token is on {req_to_token.device} but the KV pool is on {device}")
 
@@ -50,7 +61,6 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             f"kv canary: server_args.speculative_eagle_topk={topk}: the canary plans one new token per request "
             "and draft step; EAGLE draft trees (topk > 1) are not supported"
         )
-    is_draft = bool(getattr(model_runner, "is_draft_worker", False))
     sampled, target_rows = None, None
     if settings.token_check and not is_draft and callable(getattr(model_runner, "sample", None)):
         sampled = SampledTokens(int(req_to_token.shape[0]), device)
@@ -123,6 +133,12 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         register_target(req_to_token, manager)
     logger.info("kv canary installed: mode=%s real_data=%s pool=%s", settings.mode, settings.real_kv, attached.description)
     return manager
+
+
+def _allocator_size(allocator: Any) -> Optional[int]:
+    """How many slots a KV allocator hands out (its `size`), None when it does not say."""
+    size = getattr(allocator, "size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _required(obj: Any, attr: str) -> Any:
