@@ -109,8 +109,11 @@ class CanaryManager:
         self._sites = SiteCache(self, self.steps, self.single_forward_managers)
         self.recent_sites = self._sites.recent  # read by sites.canary_context
         self._readback = DelayedReadback(self._status, state.ring)
-        self.reporter = Reporter(mode=settings.mode, ring_size=settings.ring_size, readback=self._readback,
-                                 published=self.published)
+        self.reporter = Reporter(
+            mode=settings.mode, ring_size=settings.ring_size, readback=self._readback, published=self.published,
+            lines_per_step=settings.log_lines_per_step, summary_interval=settings.summary_interval,
+            sink=_sink(settings.violation_sink, process_group), line_format=settings.log_format,
+        )
         self.health = HealthCheck()
         self._stats = StatsKeeper(interval=settings.stats_interval, rows_per_token=len(state.groups),
                                   swept_at=AT["sweep_rows"])
@@ -270,7 +273,7 @@ class CanaryManager:
         if progress is None and self.sweeper is not None:
             p = self.sweeper.progress
             progress = (p.passes, p.pass_rows)
-        return self._stats.line(self.stats(), self.reporter.reasons.as_tuple(), progress)
+        return self._stats.line(self.stats(), self.reporter.reasons.as_tuple(), progress, self.reporter.logged_total)
 
     # ------------------------------------------------------------------ phases (called by sites.Site)
 
@@ -345,6 +348,7 @@ class CanaryManager:
         snapshots = self._snapshots
         snapshots.read_ready()
         self._poll_published()
+        self.reporter.end_step(step)
         snapshots.take_if_due(step, swa_due, stats_due, progress)
         self.steps.end_due = snapshots.next_step_end(step)
         ranks = self._ranks
@@ -385,6 +389,20 @@ class CanaryManager:
         if forward_batch is not None and forward_kind(forward_batch) != IDLE_BATCH:
             seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
+
+
+def _sink(path: str, process_group: Any) -> Any:
+    """The structured sink of the settings, one file per rank (reports/sink.py); None when off."""
+    if not path:
+        return None
+    from canary_instrument.runtime.reports.sink import Sink
+
+    rank, ranks = 0, 1
+    if process_group is not None:
+        import torch.distributed as dist
+
+        rank, ranks = dist.get_rank(process_group), dist.get_world_size(process_group)
+    return Sink(path, rank, ranks)
 
 
 SITE_CONTEXT_TYPES.add(CanaryManager)

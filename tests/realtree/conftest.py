@@ -58,6 +58,29 @@ def _download(version: str, cache: Path) -> Path:
     return target / "sglang" / "srt"
 
 
+def sglang_wheel_file(version: str, member: str) -> Path:
+    """One file of a release's wheel outside `sglang/srt` (`sglang/test/kv_canary/violation_log_utils.py`),
+    downloaded on first use and kept in `<cache>/<version>.files/` (the release's own folder is the unpacked
+    `srt` alone, made whole or not at all), or read from the runtime tests' install of the wheel."""
+    cache = cache_root()
+    for folder in (cache / f"{version}.files", cache / f"sglang-{version}"):
+        if (folder / member).is_file():
+            return folder / member
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", *_TAGS, "-d", tmp, f"sglang=={version}"]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        found = list(Path(tmp).glob("sglang-*.whl"))
+        if proc.returncode != 0 or not found:
+            raise RuntimeError(f"could not download sglang {version}:\n{proc.stdout}\n{proc.stderr}")
+        target = cache / f"{version}.files" / member
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(found[0]) as wheel:
+            staging = target.with_name(f".{target.name}.{os.getpid()}")
+            staging.write_bytes(wheel.read(member))
+            staging.replace(target)  # atomic: a concurrent run sees the whole file or none
+    return target
+
+
 def sglang_srt(version: str) -> Path:
     """The cached `sglang/srt` folder of a release (downloaded on first use)."""
     cache = cache_root()

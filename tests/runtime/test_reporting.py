@@ -1,11 +1,16 @@
 """Violations reach the host from the words the post-forward passes publish (at the end of the step that
 found them once the device has run it, on CPU always), each with the step of the forward that found it;
-log mode logs parseable lines, raise mode raises once with all."""
+log mode logs parseable lines, raise mode raises once with all. Under a flood the log stays bounded: a few
+full lines per step, the first of each new class always, summaries with the exact counts of the rest, an
+optional JSON sink with every violation, and sglang's own line format for a team that keeps its tooling."""
+
+import json
 
 import pytest
 
 from canary_instrument.runtime import CanaryViolationError, Violation, mark_init_finished
 from canary_instrument.runtime.reports.stats import StatsLine
+from canary_instrument.runtime.reports.summary import SummaryLine
 
 from .mini_engine import MiniRunner, Scheduler, server_args
 
@@ -181,7 +186,8 @@ def test_violation_line_round_trip():
 def test_a_host_that_reads_more_than_64_passes_late_still_reports_every_violation(dev, canary_log):
     """Each pass publishes into slot pass % 64; a host that stopped reading for longer finds a later pass
     in the slot it expects, and that pass's count covers every record made since (step: that pass's)."""
-    runner = MiniRunner(server_args(kv_canary_readback_interval=1000), device=dev, size=512, max_context=128)
+    runner = MiniRunner(server_args(kv_canary_readback_interval=1000, kv_canary_log_lines_per_step=10_000),
+                        device=dev, size=512, max_context=128)
     sched = Scheduler(runner)
     mark_init_finished(runner.canary_manager)
     reqs = [sched.new_request([11, 12, 13, 14]), sched.new_request([21, 22, 23, 24, 25])]
@@ -198,3 +204,75 @@ def test_a_host_that_reads_more_than_64_passes_late_still_reports_every_violatio
     found = Violation.find_all(canary_log.text)
     assert len(found) == manager.stats().violations == int(manager.state.ring_count[0])
     assert min(v.step for v in found) > step and {v.req_pool_index for v in found} == {reqs[0].row}
+
+
+def _flood(dev, steps=6, **args):
+    """A remapped req_to_token entry that every later decode re-reads: violations at every step."""
+    runner, sched, reqs = _serving(dev, **args)
+    _remap_and_step(runner, sched, reqs)
+    for i in range(steps):
+        runner.forward(sched.decode(reqs, [41 + i, 51 + i]))
+    return runner, runner.canary_manager.flush()
+
+
+def test_a_flood_logs_a_bounded_number_of_full_lines_and_summarises_the_rest_exactly(dev, canary_log):
+    runner, every = _flood(dev, kv_canary_log_lines_per_step=1, kv_canary_summary_interval=3)
+    logged = Violation.find_all(canary_log.text)
+    summaries = SummaryLine.find_all(canary_log.text)
+    by_step = {}
+    for v in logged:
+        by_step.setdefault(v.step, []).append(v)
+    # The first violation of each (reasons, kernel, group) class is logged whatever the bound; beyond those,
+    # one full line per step.
+    classes = {(v.reasons, v.kernel, v.group) for v in every}
+    assert {(v.reasons, v.kernel, v.group) for v in logged} == classes
+    assert all(len(lines) <= 1 + len(classes) for lines in by_step.values())
+    assert sum(len(lines) > 1 for lines in by_step.values()) <= len(classes)
+    # Every violation is either logged in full or counted in a summary, by reason and kernel, exactly.
+    assert summaries and sum(s.withheld for s in summaries) == len(every) - len(logged) > 0
+    assert sum(s.logged for s in summaries) == len(logged)
+    withheld = [v for v in every if v not in logged]
+    link = sum("link" in v.reasons for v in withheld)
+    assert sum(dict(s.reasons).get("link", 0) for s in summaries) == link
+    assert {name for s in summaries for name, _ in s.kernels} <= {"pre_forward", "post_forward"}
+    assert all(s.req_rows == 1 and s.first_step <= s.last_step for s in summaries)
+    assert runner.canary_manager.stats().violations == len(every)  # the device's total, exact
+    assert runner.canary_manager.stats_line().logged == len(logged)
+
+
+def test_the_sink_holds_every_violation_as_json(dev, tmp_path):
+    sink = tmp_path / "violations" / "run.jsonl"
+    runner, every = _flood(dev, kv_canary_log_lines_per_step=0, kv_canary_violation_sink=str(sink))
+    objects = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert objects == [v.as_dict() for v in every]
+    assert objects[0].keys() == {"kernel", "group", "half", "reasons", "slot", "position", "stored", "expected",
+                                 "req", "step"}
+
+
+def test_the_sglang_line_format_is_what_sglang_s_own_test_helpers_parse(dev, canary_log):
+    """The helper module of the wheel (sglang/test/kv_canary/violation_log_utils.py), run as shipped."""
+    from tests.realtree.conftest import DEFAULT_RELEASE, sglang_wheel_file
+
+    helpers: dict = {}
+    source = sglang_wheel_file(DEFAULT_RELEASE, "sglang/test/kv_canary/violation_log_utils.py")
+    exec(compile(source.read_text(), str(source), "exec"), helpers)
+    runner, every = _flood(dev, steps=1, kv_canary_log_format="sglang", kv_canary_log_lines_per_step=100)
+    text = canary_log.text
+    assert helpers["_VIOLATION_LINE_RE"].findall(text)
+    assert helpers["find_violation_in_log"](text, launch_tag_patterns=("HEAD_K_FULL",), fail_reason="verify_chain_hash")
+    assert not helpers["find_violation_in_log"](text, launch_tag_patterns=("SWEEP_*",), fail_reason="verify_chain_hash")
+    with pytest.raises(AssertionError, match="Unexpected canary violation"):
+        helpers["assert_no_violation_in_log"](text)
+    assert Violation.find_all(text) == every  # and the runtime's own parser reads them back
+
+
+def test_raise_mode_under_a_flood_raises_a_bounded_error_naming_the_first_violations(dev):
+    runner, sched, reqs = _serving(dev, kv_canary="raise", kv_canary_log_lines_per_step=1)
+    with pytest.raises(CanaryViolationError) as caught:
+        _remap_and_step(runner, sched, reqs)
+        runner.forward(sched.decode(reqs, [41, 42]))
+    err = caught.value
+    lines = str(err).splitlines()
+    assert 1 <= len(err.violations) < 8
+    assert lines[0] == f"{len(err.violations)} KV-canary violation(s):"
+    assert [Violation.parse(line) for line in lines[1:1 + len(err.violations)]] == err.violations

@@ -4,18 +4,20 @@ import pytest
 
 from .refsgl_harness import instrumented
 
-from canary_instrument.runtime.reports.stats import EnableWarner, ReasonCounter, StatsLine
-from canary_instrument.runtime.reports.violations import Violation
+from canary_instrument.runtime.passes.state import LINK, PADDING_SLOT, TOKEN
+from canary_instrument.runtime.reports.reporting import ReasonCounts
+from canary_instrument.runtime.reports.stats import EnableWarner, StatsLine
 
 
 def test_stats_line_round_trip_and_find_all():
     line = StatsLine(step=200, tokens_protected=2560, verified=81234, written=5120, pre_runs=200, post_runs=200,
                      violations=3, reasons=(("position", 1), ("fingerprint", 2)), swept=40960, sweep_passes=3,
-                     sweep_pass_rows=1024)
+                     sweep_pass_rows=1024, logged=2)
     text = line.format()
     assert text == ("kv_canary_stats= step=200 tokens_protected=2560 verified=81234 written=5120 pre_runs=200 "
                     "post_runs=200 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 "
-                    "sweep_pass_rows=1024")
+                    "sweep_pass_rows=1024 logged=2")
+    assert StatsLine.parse(text.removesuffix(" logged=2")).logged == 0  # a line from before the field
     quiet = StatsLine(step=1, verified=0, written=0, violations=0)
     assert "reasons=-" in quiet.format()
     log = f"INFO canary_instrument.runtime: {text}\nkv_canary violation: no\nINFO x: {quiet.format()}\n"
@@ -26,12 +28,9 @@ def test_stats_line_round_trip_and_find_all():
         StatsLine.parse("kv_canary_stats= step=1 verified=x")
 
 
-def test_reason_counter_counts_each_reason_of_each_record_in_bit_order():
-    def v(*reasons):
-        return Violation("sweep", "full", "k", 1, 0, 0, 0, frozenset(reasons), -1, 3)
-
-    counter = ReasonCounter()
-    counter.add([v("token", "link"), v("link"), v("padding_slot")])
+def test_reason_counts_count_each_reason_of_each_record_in_bit_order():
+    counter = ReasonCounts()
+    counter.bits.update([TOKEN | LINK, LINK, PADDING_SLOT])
     assert counter.as_tuple() == (("link", 2), ("token", 1), ("padding_slot", 1))
 
 

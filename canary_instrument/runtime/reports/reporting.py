@@ -1,18 +1,25 @@
 """Violations from the ring to the user: decode the records, label them with their step, then log them
-or keep them to raise, and keep the ones ``flush()`` returns."""
+or keep them to raise, and keep the ones ``flush()`` returns.
+
+A flood stays readable and cheap: per step at most ``lines_per_step`` violations are logged in full, and
+the first of each new class (reasons, kernel, group) always is; the rest are counted into a summary line
+every ``summary_interval`` steps (summary.py), records are decoded into objects only where a line, the
+sink or ``flush()`` needs one, and the totals stay exact. Raise mode raises at the end of the step that
+read the first violation, with a bounded message.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from typing import Optional
 
 from canary_instrument.runtime.errors import CanaryViolationError
 from canary_instrument.runtime.reports.readback import DelayedReadback, Snapshot
-from canary_instrument.runtime.passes.state import KERNEL_SWEEP
-from canary_instrument.runtime.reports.stats import ReasonCounter
+from canary_instrument.runtime.passes.state import KERNEL_SWEEP, REASON_NAMES
 from canary_instrument.runtime.passes.status import PublishedWords
 from canary_instrument.runtime.step.steps import STEPS_REMEMBERED
+from canary_instrument.runtime.reports.summary import Window
 from canary_instrument.runtime.reports.violations import Violation
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -20,15 +27,42 @@ logger = logging.getLogger("canary_instrument.runtime")
 MAX_KEPT_VIOLATIONS = 100_000  # violations kept for flush(); older ones only counted
 
 
+class ReasonCounts:
+    """Violation records read so far, by reason, for the stats line (counted by their reason bits)."""
+
+    def __init__(self) -> None:
+        self.bits: Counter = Counter()
+
+    def as_tuple(self) -> tuple:
+        counts: Counter = Counter()
+        for bits, count in self.bits.items():
+            for bit, name in REASON_NAMES.items():
+                if bits & bit:
+                    counts[name] += count
+        return tuple((name, counts[name]) for name in REASON_NAMES.values() if counts[name])
+
+
 class Reporter:
     """Reads new ring records as violations and reports them in the manager's mode (log or raise)."""
 
-    def __init__(self, *, mode: str, ring_size: int, readback: DelayedReadback, published: PublishedWords):
+    def __init__(self, *, mode: str, ring_size: int, readback: DelayedReadback, published: PublishedWords,
+                 lines_per_step: int = 8, summary_interval: int = 100, sink=None, line_format: str = "canary"):
         self._raise = mode == "raise"
         self._ring_size = ring_size
         self._readback = readback
         self._published = published
-        self.reasons = ReasonCounter()
+        self._lines_per_step = lines_per_step
+        self._summary_interval = summary_interval
+        self._sink = sink
+        self._sglang_lines = line_format == "sglang"
+        self.reasons = ReasonCounts()
+        self.read_total = 0  # records decoded
+        self.dropped_total = 0  # records past the ring's capacity before they were read
+        self.logged_total = 0  # violations logged in full
+        self._classes: set = set()  # (reason bits, kernel, group) already logged in full
+        self._step_lines = (-1, 0)  # (step, violations logged in full for it)
+        self._window = Window()
+        self._window_start: Optional[int] = None
         self._sweep_steps: deque = deque(maxlen=STEPS_REMEMBERED)  # steps that launched a sweep slice
         self._kept: list[Violation] = []
         self._kept_dropped = 0
@@ -45,10 +79,12 @@ class Reporter:
         ring_size = ring.shape[0]
         seen = self._published.mark_read(count)
         first = max(seen, count - ring_size)
-        rows = [ring[i % ring_size].tolist() for i in range(first, count)]
+        if first >= count and first == seen:
+            return
+        records = ring.tolist()
+        rows = [records[i % ring_size] for i in range(first, count)]
         sweep_step = self._sweep_step_before(step) if snapshot is None and self._sweep_steps else step
-        violations = [Violation.from_record(row, sweep_step if row[0] == KERNEL_SWEEP else step) for row in rows]
-        self._report(violations, first - seen, step)
+        self._report(rows, first - seen, step, sweep_step)
 
     def _sweep_step_before(self, step: int) -> int:
         """The last step before ``step`` that launched a sweep slice: a sweep runs at the end of its
@@ -60,28 +96,80 @@ class Reporter:
             found = swept
         return found
 
-    def _report(self, violations: list[Violation], dropped: int, step: int) -> None:
-        self.reasons.add(violations)
+    def _report(self, rows: list, dropped: int, step: int, sweep_step: int) -> None:
+        self.read_total += len(rows)
+        self.dropped_total += dropped
+        self.reasons.bits.update(row[6] for row in rows)
+        window = self._window
+        if self._window_start is None:
+            self._window_start = step
+        window.note(step)
+        window.dropped += dropped
+        if self._step_lines[0] != step:
+            self._step_lines = (step, 0)
+        room = self._lines_per_step - self._step_lines[1]
+        full, withheld = [], []
+        for row in rows:
+            kind = (row[6], row[0], row[1] // 2)
+            if kind not in self._classes:
+                self._classes.add(kind)
+                full.append(row)
+            elif room > 0:
+                room -= 1
+                full.append(row)
+            else:
+                withheld.append(row)
+        self._step_lines = (step, self._step_lines[1] + len(full))
+
+        def violation(row):
+            return Violation.from_record(row, sweep_step if row[0] == KERNEL_SWEEP else step)
+
+        logged = [violation(row) for row in full]
+        kept_room = max(0, MAX_KEPT_VIOLATIONS - len(self._kept))
+        if kept_room or self._sink is not None:
+            decoded = logged + [violation(row) for row in withheld[:None if self._sink is not None else kept_room]]
+            self._kept.extend(decoded[:kept_room])
+            self._kept_dropped += max(0, len(rows) - kept_room)
+            if self._sink is not None:
+                self._sink.write(decoded, dropped, step)
+        else:
+            self._kept_dropped += len(rows)
         extra = []
         if dropped:
             extra.append(
                 f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
-                f"(KV_CANARY_RING_SIZE={self._ring_size})"
+                f"(KV_CANARY_RING_SIZE={self._ring_size}); counted in the totals, never decoded"
             )
-        room = max(0, MAX_KEPT_VIOLATIONS - len(self._kept))
-        self._kept.extend(violations[:room])
-        self._kept_dropped += max(0, len(violations) - room)
         if self._raise:
-            self._pending.extend(violations)
+            # The step's violations go up in one error; its message is bounded like the log.
+            self._pending.extend(logged)
             self._pending_lines.extend(extra)
+            if withheld:
+                self._pending_lines.append(f"... and {len(withheld)} more violations at step {step}")
             return
-        for v in violations:
-            logger.error("%s", v.format())
+        window.logged += len(logged)
+        window.withhold(withheld, step)
+        self.logged_total += len(logged)
+        for v in logged:
+            logger.error("%s", v.format_sglang() if self._sglang_lines else v.format())
         for line in extra:
             logger.error("%s", line)
 
+    def end_step(self, step: int) -> None:
+        """A summary of what the interval withheld, once ``summary_interval`` steps have passed since it began."""
+        start = self._window_start
+        if start is not None and step - start >= self._summary_interval:
+            self.summarise()
+
+    def summarise(self) -> None:
+        """Log the summary of the interval so far if it withheld anything, and start a new interval."""
+        window, self._window, self._window_start = self._window, Window(), None
+        if not window.empty:
+            logger.error("%s", window.line().format())
+
     def take_kept(self) -> list[Violation]:
-        """The violations read since the last call (``flush()``'s result)."""
+        """The violations read since the last call (``flush()``'s result); the interval's summary is logged."""
+        self.summarise()
         out, self._kept = self._kept, []
         if self._kept_dropped:
             logger.warning(

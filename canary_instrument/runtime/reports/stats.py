@@ -3,7 +3,7 @@
 The stats line, every ``kv_canary_stats_interval`` steps:
 
 ```
-kv_canary_stats= step=200 tokens_protected=2560 verified=81234 written=5120 pre_runs=200 post_runs=200 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 sweep_pass_rows=1024
+kv_canary_stats= step=200 tokens_protected=2560 verified=81234 written=5120 pre_runs=200 post_runs=200 violations=3 reasons=position:1,fingerprint:2 swept=40960 sweep_passes=3 sweep_pass_rows=1024 logged=3
 ```
 
 ``tokens_protected``/``verified``/``written``/``pre_runs``/``post_runs``/``violations`` are the
@@ -12,7 +12,8 @@ rows, i.e. rows written / rows per token);
 ``reasons`` counts the violation records read so far by reason (a record with several reasons
 counts once for each; records dropped by a full ring are in ``violations`` only); ``swept`` is
 the rows the idle-cache sweep verified, ``sweep_passes`` its completed passes over the cache and
-``sweep_pass_rows`` how far the current pass has got.
+``sweep_pass_rows`` how far the current pass has got; ``logged`` the violations logged in full (the
+rest of a flood is in the summary lines, reports/summary.py).
 
 ``EnableWarner`` is the health check's softer twin. The health check raises when planned canary
 passes did not run; this warns, once, when the canary is enabled but nothing at all ran after
@@ -23,18 +24,16 @@ or every batch since init planned nothing.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from canary_instrument.runtime.reports.loglines import LogLine
-from canary_instrument.runtime.passes.state import REASON_NAMES
 
 logger = logging.getLogger("canary_instrument.runtime")
 
 PREFIX = "kv_canary_stats="
 _INTS = ("step", "tokens_protected", "verified", "written", "pre_runs", "post_runs", "violations", "swept",
          "sweep_passes", "sweep_pass_rows")
-_REASON_ORDER = {name: bit for bit, name in REASON_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,7 @@ class StatsLine(LogLine):
     tokens_protected: int = 0
     pre_runs: int = 0
     post_runs: int = 0
+    logged: int = 0
 
     def reason_count(self, reason: str) -> int:
         return dict(self.reasons).get(reason, 0)
@@ -59,7 +59,7 @@ class StatsLine(LogLine):
     def fields(self) -> list:
         reasons = ",".join(f"{name}:{count}" for name, count in self.reasons) or "-"
         return [*((name, getattr(self, name)) for name in _INTS[:7]), ("reasons", reasons),
-                *((name, getattr(self, name)) for name in _INTS[7:])]
+                *((name, getattr(self, name)) for name in _INTS[7:]), ("logged", self.logged)]
 
     @classmethod
     def from_fields(cls, fields: list) -> "StatsLine":
@@ -67,23 +67,7 @@ class StatsLine(LogLine):
         ints = {name: int(values[name]) for name in _INTS}
         raw = values["reasons"]
         reasons = () if raw == "-" else tuple((n, int(c)) for n, c in (item.split(":") for item in raw.split(",")))
-        return cls(reasons=reasons, **ints)
-
-
-@dataclass
-class ReasonCounter:
-    """Violation records read so far, by reason, for the stats line."""
-
-    counts: dict = field(default_factory=dict)
-
-    def add(self, violations: Iterable) -> None:
-        for violation in violations:
-            for reason in violation.reasons:
-                self.counts[reason] = self.counts.get(reason, 0) + 1
-
-    def as_tuple(self) -> tuple:
-        return tuple(sorted(((r, c) for r, c in self.counts.items() if c),
-                            key=lambda item: _REASON_ORDER.get(item[0], 1 << 30)))
+        return cls(reasons=reasons, logged=int(values.get("logged", 0)), **ints)
 
 
 class EnableWarner:
@@ -170,14 +154,14 @@ class StatsKeeper:
         return CanaryStats(self._step, written // self._rows_per_token, verified, written, pre_runs, post_runs,
                            max(count, seen))
 
-    def line(self, last: CanaryStats, reasons: tuple, progress: Optional[tuple]) -> StatsLine:
+    def line(self, last: CanaryStats, reasons: tuple, progress: Optional[tuple], logged: int = 0) -> StatsLine:
         """The stats line of ``last``, with the sweep's (passes, rows in the current pass) ``progress``."""
         swept = int(self.values[self._swept_at]) if self.values is not None else 0
         passes, pass_rows = progress if progress is not None else (0, 0)
         return StatsLine(
             step=last.steps, tokens_protected=last.tokens_protected, verified=last.verified, written=last.written,
             pre_runs=last.pre_runs, post_runs=last.post_runs, violations=last.violations,
-            reasons=reasons, swept=swept, sweep_passes=passes, sweep_pass_rows=pass_rows,
+            reasons=reasons, swept=swept, sweep_passes=passes, sweep_pass_rows=pass_rows, logged=logged,
         )
 
     def line_due(self, step: int) -> bool:

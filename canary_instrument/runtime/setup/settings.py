@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 from canary_instrument.runtime.perturb.perturb_settings import PerturbSettings, int_at_least, load_perturb_settings
 
 MODES = ("none", "log", "raise")
+LOG_FORMATS = ("canary", "sglang")
 REAL_KV_MODES = ("none", "partial", "all")
 BACKENDS = ("auto", "triton", "torch")
 # Where timing jitter may wait (runtime/features/jitter.py): before/after the pre-forward pass, before/after each
@@ -67,6 +68,15 @@ class CanarySettings:
     token_oracle_check: bool = True
     # [kv_canary_token_oracle_seed / SGLANG_KV_CANARY_TOKEN_ORACLE_SEED] 0 = upstream's tokens exactly
     token_oracle_seed: int = 0
+    # Reporting under a flood (reports/reporting.py). [kv_canary_log_lines_per_step / KV_CANARY_LOG_LINES_PER_STEP]
+    # violations logged in full per step (the first of each new reason/kernel/group class always is)
+    log_lines_per_step: int = 8
+    # [kv_canary_summary_interval / KV_CANARY_SUMMARY_INTERVAL] steps between summaries of what was withheld
+    summary_interval: int = 100
+    # [kv_canary_violation_sink / KV_CANARY_VIOLATION_SINK] a file to append every violation to as JSON, "" = off
+    violation_sink: str = ""
+    # [kv_canary_log_format / KV_CANARY_LOG_FORMAT] canary | sglang (the line sglang's own test helpers parse)
+    log_format: str = "canary"
     # [kv_canary_perturb*, SGLANG_KV_CANARY_PERTURB* (perturb_settings.py)] self-test perturbations, off by default
     perturb: PerturbSettings = field(default_factory=PerturbSettings)
 
@@ -177,6 +187,10 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "token_oracle_seed": (
         ("kv_canary_token_oracle_seed",), ("SGLANG_KV_CANARY_TOKEN_ORACLE_SEED",), _non_negative_int,
     ),
+    "log_lines_per_step": (("kv_canary_log_lines_per_step",), ("KV_CANARY_LOG_LINES_PER_STEP",), _non_negative_int),
+    "summary_interval": (("kv_canary_summary_interval",), ("KV_CANARY_SUMMARY_INTERVAL",), _positive_int),
+    "violation_sink": (("kv_canary_violation_sink",), ("KV_CANARY_VIOLATION_SINK",), lambda name, value: str(value)),
+    "log_format": (("kv_canary_log_format",), ("KV_CANARY_LOG_FORMAT",), _choice(LOG_FORMATS)),
 }
 
 # sglang variables with no counterpart here: set to a value that asks for the feature, they are
