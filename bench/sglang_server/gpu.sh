@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-sglang run on the GPU machine, from the repository root:
 #
-#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, correctness, correctness2, cost-a, cost-b)
+#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, bugs, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -49,9 +49,25 @@ run() {
     echo "gpu.sh: $name exit $? ($(date +%T))"
 }
 
+# watched NAME PYTHONPATH LIMIT_S ARGS...: as run, under watch.py: a run still going at LIMIT_S has every
+# Python stack of its processes dumped into its log, then is killed; NAME.watch.json says how it ended.
+watched() {
+    local name=$1 path=$2 limit=$3; shift 3
+    PYTHONPATH=$path python3 bench/sglang_server/watch.py "$limit" "$RUNS/$name.watch.json" -- \
+        python3 bench/sglang_server/serve.py "$@" --out "$RUNS/$name.json" >"$RUNS/$name.log" 2>&1
+    echo "gpu.sh: $name $(cat "$RUNS/$name.watch.json") ($(date +%T))"
+}
+
+# buggy NAME BUG BASE: a copy of BASE's sglang package with BUG in it (bugs.py), as a PYTHONPATH entry.
+buggy() {
+    python3 bench/sglang_server/bugs.py "$3/sglang" "$WORK/bugs/$1/sglang" "$2" >/dev/null || exit 2
+    echo "$WORK/bugs/$1"
+}
+
 for suite in "$@"; do
     RUNS=$WORK/runs/$suite
     rm -rf "$RUNS" && mkdir -p "$RUNS"
+    cp "$DEST/device.txt" "$RUNS/device.txt"
     case $suite in
     smoke)
         run mha-clean "$OURS" correctness --layout mha --decode-steps 200
@@ -78,6 +94,37 @@ for suite in "$@"; do
         done
         run eagle-clean-breakable "$OURS" correctness --layout eagle --prefill-graph default --mem-fraction 0.9 &
         run mha-clean-tc-piecewise "$OURS" correctness --layout mha --prefill-graph tc_piecewise --mem-fraction 0.9 &
+        wait
+        ;;
+    gate)
+        # The sites scaffold adds on the release (the prefill graph's capture and compile warm-up, issue 35)
+        # active under sglang's default prefill graph and the torch.compile one, beside MLA, SWA and EAGLE.
+        run mha-clean-breakable "$OURS" correctness --layout mha --prefill-graph default --decode-steps 1000 \
+            --mem-fraction 0.9 &
+        run mha-clean-tc-piecewise "$OURS" correctness --layout mha --prefill-graph tc_piecewise \
+            --decode-steps 1000 --mem-fraction 0.9 &
+        run eagle-clean-breakable "$OURS" correctness --layout eagle --prefill-graph default --decode-steps 1000 \
+            --mem-fraction 0.9 &
+        for layout in mla swa; do
+            run "$layout-clean" "$OURS" correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 &
+        done
+        wait
+        ;;
+    bugs)
+        # sglang's own KV bookkeeping broken (bugs.py): a flood (every decode step writes req_to_token one
+        # position early) served with ours beside the same workload clean; the same bug in raise mode; a
+        # radix prefix-match bug with the canary off, ours and sglang's own. Each run is watched (watch.py).
+        shift_ours=$(buggy decode_table_shift-ours decode_table_shift "$WORK/ours")
+        radix_ours=$(buggy radix_match_short-ours radix_match_short "$WORK/ours")
+        radix_release=$(buggy radix_match_short-release radix_match_short "$WORK/site")
+        [ -n "$shift_ours" ] && [ -n "$radix_ours" ] && [ -n "$radix_release" ] || exit 2
+        common=(correctness --layout mha --decode-steps 600 --mem-fraction 0.9)
+        watched flood-clean "$OURS" 420 "${common[@]}" &
+        watched flood-bug "$shift_ours:$REPO:$WORK/site" 420 "${common[@]}" &
+        watched raise-bug "$shift_ours:$REPO:$WORK/site" 420 "${common[@]}" --kv-canary raise &
+        watched radix-off "$radix_release:$WORK/site" 420 "${common[@]}" --kv-canary none &
+        watched radix-ours "$radix_ours:$REPO:$WORK/site" 420 "${common[@]}" &
+        watched radix-upstream "$radix_release:$WORK/site" 420 "${common[@]}" &
         wait
         ;;
     cost-a)
