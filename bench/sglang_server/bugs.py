@@ -43,6 +43,38 @@ BUGS = {
         "                node = child\n",
         "radix prefix match returns one slot short per whole node",
     ),
+    # A node split hands the new (shared-prefix) node its slots in reverse order: every later request that
+    # matches the prefix reads the right slots at the wrong positions. sglang has nothing that checks.
+    "radix_split_reversed": Bug(
+        "mem_cache/radix_cache.py",
+        "        new_node.value = child.value[:split_len].clone()\n",
+        "        new_node.value = child.value[:split_len].flip(0).clone()\n",
+        "radix node split reverses the shared prefix's slots",
+    ),
+    # Eviction walks up to a parent whose children are gone without asking whether a running request still
+    # holds it locked: slots freed while a request reads them, handed to the next one.
+    "radix_evict_locked_parent": Bug(
+        "mem_cache/radix_cache.py",
+        "            if len(x.parent.children) == 0 and x.parent.lock_ref == 0:\n",
+        "            if len(x.parent.children) == 0:\n",
+        "radix eviction frees a parent that a running request still holds",
+    ),
+    # A finished request's slots that duplicate a prefix already in the tree are never freed: a leak, which
+    # sglang's idle memory check reports by raising.
+    "radix_insert_leak": Bug(
+        "mem_cache/radix_cache.py",
+        "                    kv_indices[req.cache_protected_len : freed_end],\n",
+        "                    kv_indices[freed_end:freed_end],\n",
+        "radix insert never frees the duplicate prefix of a finished request",
+    ),
+    # The token allocator puts each freed slot's neighbour back on the free list instead of the slot: the
+    # slot leaks, and the neighbour, still in use, is handed out again.
+    "allocator_free_neighbour": Bug(
+        "mem_cache/allocator/token.py",
+        "                self.free_pages = torch.cat((self.free_pages, free_index))\n",
+        "                self.free_pages = torch.cat((self.free_pages, free_index + 1))\n",
+        "token allocator frees each slot's neighbour instead of the slot",
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-sglang run on the GPU machine, from the repository root:
 #
-#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, bugs, cost-a, cost-b)
+#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, corpus1, corpus2, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -110,21 +110,34 @@ for suite in "$@"; do
         done
         wait
         ;;
-    bugs)
-        # sglang's own KV bookkeeping broken (bugs.py): a flood (every decode step writes req_to_token one
-        # position early) served with ours beside the same workload clean; the same bug in raise mode; a
-        # radix prefix-match bug with the canary off, ours and sglang's own. Each run is watched (watch.py).
+    flood)
+        # A bug that corrupts what every request reads at every step (bugs.py decode_table_shift), served
+        # with ours, against the same workload clean; one engine at a time, so the serving times compare.
         shift_ours=$(buggy decode_table_shift-ours decode_table_shift "$WORK/ours")
-        radix_ours=$(buggy radix_match_short-ours radix_match_short "$WORK/ours")
-        radix_release=$(buggy radix_match_short-release radix_match_short "$WORK/site")
-        [ -n "$shift_ours" ] && [ -n "$radix_ours" ] && [ -n "$radix_release" ] || exit 2
-        common=(correctness --layout mha --decode-steps 600 --mem-fraction 0.9)
-        watched flood-clean "$OURS" 420 "${common[@]}" &
-        watched flood-bug "$shift_ours:$REPO:$WORK/site" 420 "${common[@]}" &
-        watched raise-bug "$shift_ours:$REPO:$WORK/site" 420 "${common[@]}" --kv-canary raise &
-        watched radix-off "$radix_release:$WORK/site" 420 "${common[@]}" --kv-canary none &
-        watched radix-ours "$radix_ours:$REPO:$WORK/site" 420 "${common[@]}" &
-        watched radix-upstream "$radix_release:$WORK/site" 420 "${common[@]}" &
+        [ -n "$shift_ours" ] || exit 2
+        flood=(correctness --layout mha --decode-steps 3000 --mem-fraction 0.9)
+        watched flood-clean "$OURS" 300 "${flood[@]}"
+        watched flood-bug "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}"
+        watched raise-bug "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}" --kv-canary raise
+        ;;
+    corpus1|corpus2)
+        # Each bug of the suite's half of the corpus (bugs.py) served three ways at once: ours (log),
+        # sglang's own canary (log), canary off. Every run is watched (watch.py): a hang is dumped and killed.
+        [ "$suite" = corpus1 ] && corpus=(decode_table_shift radix_match_short radix_split_reversed) \
+            || corpus=(radix_evict_locked_parent radix_insert_leak allocator_free_neighbour)
+        common=(correctness --layout mha --decode-steps 1500 --mem-fraction 0.9)
+        for bug in "${corpus[@]}"; do
+            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
+            release=$(buggy "$bug-release" "$bug" "$WORK/site")
+            [ -n "$ours" ] && [ -n "$release" ] || exit 2
+            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+        done
+        if [ "$suite" = corpus2 ]; then  # FlashInfer's attention (its JIT builds with the image's nvcc), clean
+            watched fi-mha-clean "$OURS" 480 correctness --layout mha --attention-backend flashinfer \
+                --decode-steps 1500 --mem-fraction 0.9 &
+        fi
         wait
         ;;
     cost-a)

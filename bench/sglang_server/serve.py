@@ -42,7 +42,7 @@ def engine_args(args, model_path: Path, draft_path: Path | None) -> dict:
         model_path=str(model_path),
         load_format="dummy",
         skip_tokenizer_init=True,
-        attention_backend="triton",
+        attention_backend=args.attention_backend,
         sampling_backend="pytorch",
         grammar_backend="none",
         random_seed=args.seed,
@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument("--kv-canary-sweep-interval", type=int, default=0)
     parser.add_argument("--prefill-graph", default="disabled", choices=["disabled", "default", "tc_piecewise"],
                         help="prefill CUDA graph backend (default: sglang's own choice, the breakable graph)")
+    parser.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"])
     parser.add_argument("--decode-steps", type=int, default=2500)
     parser.add_argument("--pool-tokens", type=int, default=16384)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
