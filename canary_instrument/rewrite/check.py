@@ -19,19 +19,16 @@ from canary_instrument.rewrite.analysis.placement import placement_of
 from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
-from canary_instrument.rewrite.scan import RESULT, Scan
+from canary_instrument.rewrite.scan import Scan
+from canary_instrument.rewrite.uncovered import uncovered_findings
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
-def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None, keep_work: bool = False) -> RunResult:
-    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again.
-
-    `keep_work`: for a caller that ends its process once it has the result (the console script): nothing
-    the run built (the syntax trees, the bytes read, the reports, the call graph) is freed before the
-    result is, since freeing it takes time such a caller need not spend (bench/check/PROFILE.md). A
-    process that goes on, with its cyclic collector on, is better served by freeing them early."""
+def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again,
+    and when no file changed at all, that run's outcome is this one's."""
     result = RunResult()
-    scan = Scan(catalog, result, cache, file_report, keep_trees=keep_work)
+    scan = Scan(catalog, cache, file_report)
     files = []
     for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
@@ -39,42 +36,29 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None, keep
         else:
             files.append((item, st))
     result.files_seen = len(files)
-    try:
-        scan.files(files)
-        if scan.memo is None:
-            scan.handed_off()
-            scan.expand()
-        scan.close(wait=False)  # the child that read half the tree is no longer needed: it ends meanwhile
-        _join(scan, result, catalog)
-    finally:
-        scan.close()
-    if scan.cache is not None:
-        scan.cache.retain(scan.seen.keys())
-        scan.cache.save()
-    if keep_work:
-        result.work = scan
-    return result
-
-
-def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
-    """The run's outcome from the scan's reports: the tree's findings, or the cache's run's outcome
-    when no file changed since."""
-    if scan.memo is not None:
-        _, findings, errors, result.files_analysed = scan.memo
-        result.errors.extend(errors)
+    cache = scan.cache
+    if scan.unchanged(files) and cache.result is not None and cache.result[0] == scan.fingerprint():
+        _, findings, errors, result.files_analysed = cache.result
         result.findings.extend(findings)
-        return
+        result.errors.extend(errors)
+        return result
+    scan.files(files)
+    scan.handed_off()
+    scan.expand()
     reports = {key: r for key, r in scan.reports.items() if r is not None}
     result.files_analysed = len(reports)
     considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
     result.findings.extend(tree_findings(considered, catalog))
-    result.findings.extend(scan.uncovered(reports))
+    files_facts = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+    graph = scan.graph if scan.graph is not None and len(scan.graph.files) == len(files_facts) else None
+    result.findings.extend(uncovered_findings(files_facts, catalog, graph))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     result.errors.extend(scan.errors)
-    if scan.cache is not None:
-        scan.cache.set_extra(RESULT, (
-            scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
-        ))
+    if cache is not None:
+        cache.retain(scan.digests.keys())
+        cache.set_result((scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed))
+        cache.write()
+    return result
 
 
 def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:

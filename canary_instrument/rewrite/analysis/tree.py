@@ -69,9 +69,6 @@ class RunResult:
     files_seen: int = 0
     files_analysed: int = 0
     written: bool = False
-    # What the command built on the way, where its caller asked to keep it (`check_tree(keep_work=True)`):
-    # freed with the result rather than on the command's return.
-    work: object = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:
