@@ -137,11 +137,6 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
     sys.exit(result.exit_code)
 
 
-def run() -> None:
-    """The console script and `python -m canary_instrument`."""
-    main()
-
-
 def _escape_data(text: str) -> str:
     """GitHub workflow-command escaping of a message."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
