@@ -28,7 +28,8 @@ from canary_instrument.rewrite.rules.select import Reported
 from canary_instrument.rewrite.syntax.nodes import same_code
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.transforms.scaffold import report_unusable
-from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
+from canary_instrument.rewrite.transforms.runner import run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
 MEMBER_RETURN = "return canary_context(manager, forward_batch, outside=outside, active=active)"

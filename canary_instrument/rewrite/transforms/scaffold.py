@@ -14,7 +14,8 @@ from canary_instrument.rewrite.findings import NOT_A_NO_OP
 from canary_instrument.rewrite.analysis.locate import FileAnalysis, _is_wrapper, analyse
 from canary_instrument.rewrite.rules import ci105_incomplete_placeholder
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
-from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform, split_lines
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, split_lines
+from canary_instrument.rewrite.transforms.runner import run_transform
 
 
 def factory_spelling(parsed: ParsedFile, catalog: Catalog, plan: EditPlan) -> str:
