@@ -20,7 +20,7 @@ from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
 from canary_instrument.rewrite.scan import Scan
-from canary_instrument.rewrite.uncovered import uncovered_findings
+from canary_instrument.rewrite.rules.ci301_uncovered_forward import uncovered_findings
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 

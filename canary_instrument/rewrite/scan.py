@@ -22,7 +22,7 @@ from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
 from canary_instrument.rewrite.io.files import SourceError, decode_source, read_bytes, read_source
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
 from canary_instrument.rewrite.report import FileReport
-from canary_instrument.rewrite.uncovered import callers_wanted
+from canary_instrument.rewrite.rules.ci301_uncovered_forward import callers_wanted
 
 ReportOf = Callable[[ParsedFile, Catalog], FileReport]
 
