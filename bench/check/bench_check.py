@@ -7,6 +7,8 @@ elsewhere on a shared machine falls on all of them alike:
 - ast-grep over the tree (`ast-grep run -p 'contextlib.nullcontext()' -l python <tree>`);
 - check cold (`--no-cache`) and warm (its cache filled, nothing changed), and warm after an edit of a file
   no rule needs (every report from the cache, the call graph and CI301's caller search redone);
+- `ast.parse` of every file of the tree in one process: the least a check without its byte prefilter
+  (which decides which files to parse) would pay;
 - `pre-commit run --all-files` of a hook that does nothing and of the check hook (warm), in that repository.
 
 Bars: cold check at most three quarters of ast-grep's time, measured in the same run; warm check at
@@ -44,6 +46,14 @@ AST_GREP = "ast-grep"
 COLD = "check cold (`--no-cache`)"
 WARM = "check warm (nothing changed)"
 EDITED = "check warm, a file no rule needs edited"
+PARSE = "`ast.parse` of every file (no prefilter)"
+PARSE_ALL = """import ast, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("*.py")):
+    try:
+        ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        pass
+"""
 NOOP = "`pre-commit run --all-files noop` (a hook that does nothing)"
 HOOK = "`pre-commit run --all-files canary-instrument-check` (warm)"
 
@@ -150,6 +160,7 @@ def commands(srt: Path, work: Path) -> dict:
         COLD: lambda: timed([*check, "--no-cache", str(tree)], env=env),
         WARM: lambda: timed([*check, "--cache-dir", str(work / "cache-warm"), str(tree)], env=env),
         EDITED: edited,
+        PARSE: lambda: timed([sys.executable, "-c", PARSE_ALL, str(tree)]),
         NOOP: lambda: timed([pre_commit, "run", "--all-files", "noop"], cwd=repo, env=env),
         HOOK: lambda: timed([pre_commit, "run", "--all-files", "canary-instrument-check"], cwd=repo, env=env),
     }
@@ -205,7 +216,7 @@ def report(samples: dict, srt: Path, version: str, rounds: int, argv: list[str])
         "",
         "| command | wall min | wall median | CPU median | median / ast-grep's | per round / ast-grep's |",
         "|---|---|---|---|---|---|",
-        *(row(name, AST_GREP) for name in (AST_GREP, COLD, WARM, EDITED)),
+        *(row(name, AST_GREP) for name in (AST_GREP, COLD, WARM, EDITED, PARSE)),
         "",
         f"- bar, cold check at most {COLD_BAR} of ast-grep's time: {cold:.2f} (median of the rounds' ratios; "
         f"{'met' if cold <= COLD_BAR else 'MISSED'})",
@@ -213,6 +224,8 @@ def report(samples: dict, srt: Path, version: str, rounds: int, argv: list[str])
         f"({'met' if wall(WARM) <= WARM_BAR else 'MISSED'})",
         "- the edited row is a warm run without the cache's outcome of the whole tree (kept only for a tree in "
         "which nothing changed): every report from the cache, the call graph and CI301's caller search redone",
+        "- the `ast.parse` row is what check would pay at least without its byte prefilter "
+        "(`rewrite/io/prefilter.py`), which decides from each file's bytes which files to parse",
         "",
         "## pre-commit's own cost beside the check hook's",
         "",
