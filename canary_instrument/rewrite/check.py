@@ -20,13 +20,11 @@ from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
 from canary_instrument.rewrite.scan import Scan
-from canary_instrument.rewrite.rules.ci301_uncovered_forward import uncovered_findings
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
 def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
-    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again,
-    and when no file changed at all, that run's outcome is this one's."""
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
     result = RunResult()
     scan = Scan(catalog, cache, file_report)
     files = []
@@ -36,29 +34,34 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> R
         else:
             files.append((item, st))
     result.files_seen = len(files)
-    cache = scan.cache
-    if scan.unchanged(files) and cache.result is not None and cache.result[0] == scan.fingerprint():
-        _, findings, errors, result.files_analysed = cache.result
-        result.findings.extend(findings)
+    if not scan.reuse(files):
+        scan.files(files)
+        scan.handed_off()
+        scan.expand()
+    _join(scan, result, catalog)
+    if scan.cache is not None:
+        scan.cache.retain(scan.digests.keys())
+        scan.cache.write()
+    return result
+
+
+def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
+    """The run's outcome from the scan's reports: the tree's findings, or the cache's run's outcome
+    when no file changed since."""
+    if scan.memo is not None:
+        _, findings, errors, result.files_analysed = scan.memo
         result.errors.extend(errors)
-        return result
-    scan.files(files)
-    scan.handed_off()
-    scan.expand()
+        result.findings.extend(findings)
+        return
     reports = {key: r for key, r in scan.reports.items() if r is not None}
     result.files_analysed = len(reports)
     considered = [r for key, r in reports.items() if scan.needs[key] & (SITES | ROLES)]
     result.findings.extend(tree_findings(considered, catalog))
-    files_facts = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
-    graph = scan.graph if scan.graph is not None and len(scan.graph.files) == len(files_facts) else None
-    result.findings.extend(uncovered_findings(files_facts, catalog, graph))
+    result.findings.extend(scan.uncovered(reports))
     result.findings.sort(key=lambda f: (str(f.path), f.line, f.col, f.code))
     result.errors.extend(scan.errors)
-    if cache is not None:
-        cache.retain(scan.digests.keys())
-        cache.set_result((scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed))
-        cache.write()
-    return result
+    if scan.cache is not None:
+        scan.cache.set_result((scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed))
 
 
 def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:

@@ -17,12 +17,13 @@ from canary_instrument.rewrite.analysis.modules import ModuleIndex
 from canary_instrument.rewrite.analysis.placement import Placement
 from canary_instrument.rewrite.analysis.reach import reach_facts, site_spans
 from canary_instrument.rewrite.analysis.tree import ParsedFile, parse_source, screen_round_trip, split_lines
+from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.io.cache import CheckCache, content_hash
 from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
 from canary_instrument.rewrite.io.files import SourceError, decode_source, read_bytes, read_source
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
 from canary_instrument.rewrite.report import FileReport
-from canary_instrument.rewrite.rules.ci301_uncovered_forward import callers_wanted
+from canary_instrument.rewrite.rules.ci301_uncovered_forward import callers_wanted, uncovered_findings
 
 ReportOf = Callable[[ParsedFile, Catalog], FileReport]
 
@@ -43,6 +44,7 @@ class Scan:
         self.errors: list[SourceError] = []
         self.others: list[str] = []  # files no rule needs, in order: the caller search's
         self.graph: CallGraph | None = None
+        self.memo: tuple | None = None  # the cache's run's outcome, when no file changed since (`reuse`)
         self._stats: dict[str, os.stat_result | None] = {}
         self._data: dict[str, bytes] = {}  # bytes of the files no rule needs, once read
 
@@ -58,9 +60,9 @@ class Scan:
                 self.needs[key] = 0
                 self.others.append(key)
 
-    def unchanged(self, files: list[tuple[str, os.stat_result | None]]) -> bool:
-        """Whether the cache vouches for every file by its stat alone (nothing read): then the cache's
-        run's outcome is this one's, when it was made from the same files."""
+    def reuse(self, files: list[tuple[str, os.stat_result | None]]) -> bool:
+        """Whether the cache's run's outcome is this one's (`memo`): the cache vouches for every file by its
+        stat alone (nothing read), and that run was made from the same files."""
         if self.cache is None:
             return False
         for key, st in files:
@@ -68,7 +70,9 @@ class Scan:
             if entry is None:
                 return False
             self.digests[key] = entry.digest
-        return True
+        if self.cache.result is not None and self.cache.result[0] == self.fingerprint():
+            self.memo = self.cache.result
+        return self.memo is not None
 
     def fingerprint(self) -> bytes:
         """A hash of every file's path and content hash: equal means the same tree."""
@@ -153,6 +157,12 @@ class Scan:
             except OSError:
                 data = b""
         return data
+
+    def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
+        """CI301's findings over the analysed files (on the call graph `expand` built, when it holds them all)."""
+        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+        graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
+        return uncovered_findings(files, self.catalog, graph)
 
     def handed_off(self) -> None:
         """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
