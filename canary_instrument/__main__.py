@@ -1,4 +1,4 @@
-from canary_instrument.cli import run
+from canary_instrument.cli import main
 
 if __name__ == "__main__":
-    run()
+    main()

@@ -6,16 +6,12 @@ Only click and the standard library load at start-up; libcst loads for the trans
 
 from __future__ import annotations
 
-import gc
 import importlib
-import os
 import sys
 
 import click
 
 from canary_instrument import __version__
-
-_ENDED: set[str] = set()  # commands that have printed their result and left nothing to tear down (`run`)
 
 # Commands other parts of the package provide: name -> (module, attribute).
 LAZY_COMMANDS = {
@@ -107,18 +103,13 @@ def main():
 def check(paths, catalog_file, output_format, no_cache, cache_dir):
     """Check that every catalogued site holds a placeholder or its wiring, nothing is stray or half-wired,
     and no forward path runs outside every catalogued site. Exit 0 clean, 1 findings, 2 errors."""
-    # A short-lived process whose syntax trees reference counting frees: the cyclic collector's passes
-    # cost more than they find (bench/check/RESULTS.md), so this command runs without it, from the
-    # rewriter's imports on (their allocations alone would start a dozen passes).
-    gc.disable()
     from canary_instrument.rewrite.io.cache import CheckCache
     from canary_instrument.rewrite.check import check_tree
 
     paths = paths or (".",)
     catalog = _load_catalog(paths, catalog_file)
     cache = None if no_cache else CheckCache.open(paths, catalog, cache_dir)
-    # This process ends once the result is printed (`run`): nothing the run built need be freed before.
-    result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache, keep_work=True)
+    result = _fail_on_internal_error(check_tree, paths, catalog, cache=cache)
     diagnostics = [*result.errors, *result.findings]
     if output_format == "json":
         import json  # here, not at the top: the default text output does not need it
@@ -143,32 +134,7 @@ def check(paths, catalog_file, output_format, no_cache, cache_dir):
             click.echo(str(item))
         if diagnostics:
             click.echo("Found " + _summary_counts(result) + f" ({result.files_seen} files, {result.files_analysed} analysed).")
-    _ENDED.add("check")  # `run` ends the process here, without the interpreter's exit
     sys.exit(result.exit_code)
-
-
-def run() -> None:
-    """The console script and `python -m canary_instrument`: `main`, and once `check` has printed its
-    result, the end of the process without freeing every object the run built (as mypy's `hard_exit`:
-    a cold check's teardown is a few percent of its time). Output is flushed first; its cache is
-    written and its second process reaped before. In-process callers (click's test runner, other
-    tools) call `main`, which exits as usual."""
-    try:
-        main()
-    except SystemExit as done:
-        if "check" not in _ENDED:
-            raise
-        code = done.code
-        if not isinstance(code, int):
-            if code is not None:
-                print(code, file=sys.stderr)
-            code = 0 if code is None else 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass  # a reader that went away: nothing more can be told it
-        os._exit(code)
 
 
 def _escape_data(text: str) -> str:

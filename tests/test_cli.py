@@ -131,8 +131,8 @@ def test_a_no_op_apply_does_not_import_libcst(engine):
 
 @pytest.mark.parametrize("output_format", ["text", "json", "github"])
 def test_the_console_script_prints_checks_whole_result_and_its_exit_code_through_a_pipe(engine, output_format):
-    # `check` ends its process without the interpreter's teardown (`cli.run`): what it printed must all
-    # reach a reader of the pipe, and the exit code be check's, as when it runs in this process.
+    # What the console script prints must all reach a reader of the pipe, and the exit code be check's,
+    # as when it runs in this process.
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, "-m", "canary_instrument", "check", "--no-cache", "--format", output_format, str(engine)],

@@ -59,7 +59,7 @@ class Location:
     methods: tuple[str, ...] = ("*",)
     manager: str | None = None
     # Lines of the method the site must guard: set by scaffold for a site on an uncovered forward path
-    # (rewrite/analysis/cover.py), never read from a catalog file.
+    # (rewrite/transforms/cover.py), never read from a catalog file.
     lines: tuple[int, ...] = field(default=(), metadata={"internal": True})
 
     def matches_path(self, posix_path: str) -> bool:

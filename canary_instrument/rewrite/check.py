@@ -19,20 +19,19 @@ from canary_instrument.rewrite.analysis.placement import placement_of
 from canary_instrument.rewrite.io.prefilter import ROLES, SITES
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules import FILE_CHECKS, ci102_site_not_found
-from canary_instrument.rewrite.scan import RESULT, Scan
+from canary_instrument.rewrite.scan import Scan
 from canary_instrument.rewrite.suppressions import apply_suppressions
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
 
 
-def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None, keep_work: bool = False) -> RunResult:
-    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again.
+def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None) -> RunResult:
+    """Check the tree under `paths`. With a `cache`, files unchanged since its last run are not read again."""
+    return _checked(paths, catalog, cache)[0]
 
-    `keep_work`: for a caller that ends its process once it has the result (the console script): nothing
-    the run built (the syntax trees, the bytes read, the reports, the call graph) is freed before the
-    result is, since freeing it takes time such a caller need not spend (bench/check/PROFILE.md). A
-    process that goes on, with its cyclic collector on, is better served by freeing them early."""
+
+def _checked(paths, catalog: Catalog, cache: CheckCache | None) -> tuple[RunResult, Scan]:
     result = RunResult()
-    scan = Scan(catalog, result, cache, file_report, keep_trees=keep_work)
+    scan = Scan(catalog, cache, file_report)
     files = []
     for item, st in python_files([os.fspath(p) for p in paths], exclude=catalog.exclude):
         if isinstance(item, SourceError):
@@ -40,21 +39,15 @@ def check_tree(paths, catalog: Catalog, *, cache: CheckCache | None = None, keep
         else:
             files.append((item, st))
     result.files_seen = len(files)
-    try:
+    if not scan.reuse(files):
         scan.files(files)
-        if scan.memo is None:
-            scan.handed_off()
-            scan.expand()
-        scan.close(wait=False)  # the child that read half the tree is no longer needed: it ends meanwhile
-        _join(scan, result, catalog)
-    finally:
-        scan.close()
+        scan.handed_off()
+        scan.expand()
+    _join(scan, result, catalog)
     if scan.cache is not None:
-        scan.cache.retain(scan.seen.keys())
-        scan.cache.save()
-    if keep_work:
-        result.work = scan
-    return result
+        scan.cache.retain(scan.digests.keys())
+        scan.cache.write()
+    return result, scan
 
 
 def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
@@ -73,9 +66,7 @@ def _join(scan: Scan, result: RunResult, catalog: Catalog) -> None:
     result.findings.extend(apply_suppressions(found, directives, catalog))
     result.errors.extend(scan.errors)
     if scan.cache is not None:
-        scan.cache.set_extra(RESULT, (
-            scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed,
-        ))
+        scan.cache.set_result((scan.fingerprint(), tuple(result.findings), tuple(scan.errors), result.files_analysed))
 
 
 def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
@@ -88,8 +79,7 @@ def uncovered_graph(paths, catalog: Catalog):
     """(the check's result, the call graph CI301 judged the tree by; None when the tree holds no trigger)."""
     from canary_instrument.rewrite.analysis.callgraph import CallGraph
 
-    result = check_tree(paths, catalog, keep_work=True)
-    scan, result.work = result.work, None
+    result, scan = _checked(paths, catalog, None)
     files = [(r.path, r.reach) for r in scan.reports.values() if r is not None and r.reach is not None]
     return result, CallGraph(files) if files else None
 

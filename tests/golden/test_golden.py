@@ -108,7 +108,8 @@ def test_refactored_variant_gets_the_same_wiring(runs):
 
 def test_refactored_variant_gets_placeholders_in_the_same_roles(runs):
     def roles(root):
-        from canary_instrument.rewrite.analysis.tree import candidates, load, RunResult
+        from canary_instrument.rewrite.analysis.tree import RunResult
+        from canary_instrument.rewrite.transforms.runner import candidates, load
 
         catalog = load_catalog(root)
         found = []

@@ -1,8 +1,10 @@
-"""check's content-hash cache: a warm run reads nothing unchanged, and gives exactly what a cold run gives."""
+"""check's cache: a warm run examines no unchanged file, gives exactly what a cold run gives, follows every edit
+and every catalog change, and is written atomically."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -13,8 +15,8 @@ import pytest
 
 from canary_instrument.catalog import load_catalog
 from canary_instrument.rewrite import scan as scan_module
+from canary_instrument.rewrite.io import cache as cache_module
 from canary_instrument.rewrite.io.cache import FOLDER, CheckCache
-from canary_instrument.rewrite.io.search_memo import SearchMemo
 from canary_instrument.rewrite.check import check_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +33,7 @@ class PiecewiseRunner:
 
 @pytest.fixture(autouse=True)
 def user_cache(tmp_path, monkeypatch):
-    """Keep the signing key (and any fallback cache) out of the real home."""
+    """Keep any fallback cache out of the real home."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("CANARY_INSTRUMENT_CACHE_DIR", raising=False)
 
@@ -64,15 +66,15 @@ def outcome(result):
 
 @pytest.fixture
 def examined(monkeypatch) -> list:
-    """Paths the check read and examined (stat-unchanged files are not)."""
+    """Files the check examined (what the rules need of it, from its bytes): those the cache does not vouch for."""
     seen = []
-    original = scan_module.Scan.examine
+    original = scan_module.Prefilter.needs
 
-    def spy(self, path, st):
-        seen.append(os.path.basename(path))
-        return original(self, path, st)
+    def spy(self, posix, data):
+        seen.append(os.path.basename(posix))
+        return original(self, posix, data)
 
-    monkeypatch.setattr(scan_module.Scan, "examine", spy)
+    monkeypatch.setattr(scan_module.Prefilter, "needs", spy)
     return seen
 
 
@@ -115,22 +117,37 @@ def test_an_edit_in_the_same_tick_as_the_last_run_is_not_missed(engine, tmp_path
     assert "CI102" in {f.code for f in fresh.findings}
 
 
-def test_a_damaged_or_foreign_cache_is_ignored_and_replaced(engine, tmp_path):
+def test_a_truncated_or_foreign_cache_is_ignored_and_replaced(engine, tmp_path):
     cold = run(engine, tmp_path / "cache")
-    [file] = (tmp_path / "cache").glob("check-*.bin")
-    data = bytearray(file.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    file.write_bytes(bytes(data))
+    [file] = (tmp_path / "cache").glob("check-*.pickle")
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
     assert outcome(run(engine, tmp_path / "cache")) == outcome(cold)
     file.write_bytes(b"not a cache")
+    assert outcome(run(engine, tmp_path / "cache")) == outcome(cold)
+    file.write_bytes(pickle.dumps((0, 0, {}, None)))  # another build's format
     assert outcome(run(engine, tmp_path / "cache")) == outcome(cold)
     cache = CheckCache.open([engine], load_catalog(engine), tmp_path / "cache")
     assert len(cache.entries) == cold.files_seen  # written again, and trusted again
 
 
+def test_the_cache_is_written_atomically(engine, tmp_path, monkeypatch):
+    run(engine, tmp_path / "cache")
+    [file] = (tmp_path / "cache").glob("check-*.pickle")
+    before = file.read_bytes()
+    (engine / CG).write_text((engine / CG).read_text() + "\n# edited\n")
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache_module.pickle, "dump", fail)
+    assert run(engine, tmp_path / "cache").exit_code == 1  # the check itself is unaffected
+    assert file.read_bytes() == before  # the old cache stays whole ...
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".gitignore", "CACHEDIR.TAG", file.name]
+
+
 def test_nothing_is_written_when_nothing_changed(engine, tmp_path):
     run(engine, tmp_path / "cache")
-    [file] = (tmp_path / "cache").glob("check-*.bin")
+    [file] = (tmp_path / "cache").glob("check-*.pickle")
     past = time.time() - 60
     os.utime(file, (past, past))
     stamp = file.stat().st_mtime_ns
@@ -147,7 +164,7 @@ def test_another_catalog_gets_its_own_cache(engine, tmp_path):
     catalog = load_catalog(engine, overlay)
     cache = CheckCache.open([engine], catalog, tmp_path / "cache")
     assert cache.entries == {}
-    assert len(list((tmp_path / "cache").glob("check-*.bin"))) == 1
+    assert len(list((tmp_path / "cache").glob("check-*.pickle"))) == 1
 
 
 def cli(*args, cwd, env):
@@ -167,16 +184,6 @@ def test_the_cli_caches_at_the_git_root_and_no_cache_writes_nothing(engine, tmp_
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=engine,
                             capture_output=True, text=True, check=True).stdout
     assert FOLDER not in status  # the folder ignores itself
-
-
-@pytest.fixture
-def searched(monkeypatch) -> list:
-    """Files whose bytes the caller search read again (those a run examines it holds already)."""
-    seen = []
-    original = scan_module.Scan._bytes
-    monkeypatch.setattr(scan_module.Scan, "_bytes", lambda self, key: seen.append(os.path.basename(key))
-                        or original(self, key))
-    return seen
 
 
 @pytest.fixture
@@ -201,61 +208,53 @@ def ci301(result):
     return [(f.path.name, f.line) for f in result.findings if f.code == "CI301"]
 
 
-def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_cold_run(forward_tree, tmp_path, examined,
-                                                                                       searched):
+def cold_outcome(root):
+    cold = check_tree([root], load_catalog(root))
+    return outcome(cold), cold.files_analysed
+
+
+def test_an_edited_file_that_now_calls_into_a_forward_path_is_found_without_a_cold_run(forward_tree, tmp_path,
+                                                                                       examined):
     tree = forward_tree
     assert ci301(run(tree.root, tmp_path / "cache")) == []
     examined.clear()
-    searched.clear()
     tool = tree.root / "pkg/srt/tools/report.py"
     tool.write_text("def report(rows):\n    return len(rows) + 1\n")
     assert ci301(run(tree.root, tmp_path / "cache")) == []
-    assert examined == ["report.py"] and searched == ["report.py"]  # the caller search reads nothing else
+    assert examined == ["report.py"]
     tool.write_text("from pkg.srt.runners.eager import EagerRunner\n\n\n"
                     "def report(runner: EagerRunner, batch):\n    return runner.execute(batch)\n")
     warm = run(tree.root, tmp_path / "cache")
     assert ci301(warm) == [("eager.py", 9)]
-    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
+    assert (outcome(warm), warm.files_analysed) == cold_outcome(tree.root)
 
 
 BENCH = ("from pkg.srt.runners.eager import EagerRunner\n\n\n"
          "def bench(runner: EagerRunner, batch):\n    return runner.execute(batch)\n")
 
 
-def test_an_edited_model_runner_that_wants_the_same_callers_reads_no_other_file(forward_tree, tmp_path, examined,
-                                                                                searched):
+def test_after_each_edit_a_warm_run_gives_a_cold_runs_outcome(forward_tree, tmp_path, examined):
     tree = forward_tree
     tree.write({"pkg/srt/tools/bench.py": BENCH})  # a caller the search finds
     age(tree.root)
     assert ci301(run(tree.root, tmp_path / "cache")) == [("eager.py", 9)]
-    examined.clear()
-    searched.clear()
     runner = tree.root / "pkg/srt/model_executor/model_runner.py"
-    runner.write_text(runner.read_text() + "\n\ndef describe(model_runner):\n    return type(model_runner).__name__\n")
-    warm = run(tree.root, tmp_path / "cache")
-    # The call graph is built again and asks for the callers it asked for last time: the last search's
-    # hits stand for every file unchanged since, so no other file is read (bench.py's report is kept).
-    assert examined == ["model_runner.py"] and searched == []
-    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
-
-
-def test_a_file_edited_while_nothing_was_searched_is_searched_again_by_the_next_search(forward_tree, tmp_path,
-                                                                                     searched):
-    tree = forward_tree
-    run(tree.root, tmp_path / "cache")
     report = tree.root / "pkg/srt/tools/report.py"
-    report.write_text("def report(rows):\n    return len(rows) + 1\n")
-    run(tree.root, tmp_path / "cache")  # the analysed files as they were: only report.py is read
-    searched.clear()
-    runner = tree.root / "pkg/srt/model_executor/model_runner.py"
-    runner.write_text(runner.read_text() + "\n")
-    warm = run(tree.root, tmp_path / "cache")
-    assert searched == ["report.py"]  # changed since the search whose hits stand for the other files
-    assert outcome(warm) == outcome(check_tree([tree.root], load_catalog(tree.root)))
+    edits = [
+        (runner, runner.read_text() + "\n\ndef describe(model_runner):\n    return type(model_runner).__name__\n"),
+        (report, "def report(rows):\n    return len(rows) + 1\n"),
+        (runner, runner.read_text() + "\n"),
+    ]
+    for path, text in edits:
+        examined.clear()
+        path.write_text(text)
+        warm = run(tree.root, tmp_path / "cache")
+        assert examined == [path.name]  # only the edited file is examined again
+        assert (outcome(warm), warm.files_analysed) == cold_outcome(tree.root)
 
 
 @pytest.mark.parametrize("edit", ["deleted", "no longer calling"])
-def test_a_caller_the_last_search_found_and_changed_since_is_not_taken_from_it(forward_tree, tmp_path, edit):
+def test_a_caller_found_before_and_changed_since_is_not_taken_from_the_cache(forward_tree, tmp_path, edit):
     tree = forward_tree
     bench = tree.root / "pkg/srt/tools/bench.py"
     tree.write({"pkg/srt/tools/bench.py": BENCH})
@@ -268,22 +267,4 @@ def test_a_caller_the_last_search_found_and_changed_since_is_not_taken_from_it(f
     runner = tree.root / "pkg/srt/model_executor/model_runner.py"
     runner.write_text(runner.read_text() + "\n")
     warm = run(tree.root, tmp_path / "cache")
-    cold = check_tree([tree.root], load_catalog(tree.root))
-    assert ci301(warm) == [] and (outcome(warm), warm.files_analysed) == (outcome(cold), cold.files_analysed)
-
-
-def test_the_last_search_vouches_only_for_the_files_it_searched_unchanged_since():
-    cache = CheckCache(None, None)  # its `extra` only: what the next run finds
-    wanted = frozenset({("call", "execute", "EagerRunner")})
-    first = SearchMemo(cache, changed=set())
-    assert first.fresh(["a.py", "b.py"]) is None and first.hits(wanted) is None  # no search before
-    first.record(wanted, {"a.py", "b.py"})
-    first.save(unsearched={"handed.py"})  # analysed then (handed to graph capture), not searched
-    second = SearchMemo(cache, changed={"b.py"})
-    assert second.fresh(["a.py", "b.py", "handed.py", "c.py"]) == ["b.py", "handed.py"]
-    assert second.hits(wanted) == {"a.py"} and second.hits(frozenset()) is None
-    second.age()  # searched nothing: b.py stays unvouched for the next search
-    third = SearchMemo(cache, changed=set())
-    assert third.fresh(["a.py", "b.py"]) == ["b.py"]
-    most = SearchMemo(cache, changed={"a.py", "c.py"})  # most files changed: the whole search runs again
-    assert most.fresh(["a.py", "b.py", "c.py"]) is None and most.hits(wanted) is None
+    assert ci301(warm) == [] and (outcome(warm), warm.files_analysed) == cold_outcome(tree.root)

@@ -1,5 +1,5 @@
 """scaffold covers every forward path CI301 finds uncovered, by the shape of the code on the path
-(rewrite/analysis/cover.py), and apply then wires what it placed: check is clean after both.
+(rewrite/transforms/cover.py), and apply then wires what it placed: check is clean after both.
 
 The tree: a model runner whose forward site replays a prefill graph runner, and the runner's start-up
 forwards outside every site (a compile pass of dummy forwards, then a per-shape capture handing `run_once`

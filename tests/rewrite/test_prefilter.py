@@ -81,6 +81,6 @@ def test_class_names_sharing_a_part_are_found_as_each_alone():
     ]
     wanted = {("subclass", "DecodeCudaGraphRunner"), ("call", "CPUGraphRunner", None), ("call", "EagerRunner", None),
               ("subclass", "ModelRunner"), ("define", "EagerRunner")}
-    together = CallerSearch(files).find(wanted, two_cores=False)
-    alone = set().union(*(CallerSearch(files).find({entry}, two_cores=False) for entry in wanted))
+    together = CallerSearch(files).find(wanted)
+    alone = set().union(*(CallerSearch(files).find({entry}) for entry in wanted))
     assert together == alone == {0, 1, 4, 5}

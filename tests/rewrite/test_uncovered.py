@@ -161,7 +161,7 @@ def test_a_graph_that_takes_files_in_round_by_round_is_the_graph_of_all_of_them(
     from canary_instrument.rewrite.analysis.reach import reach_facts
     from canary_instrument.rewrite.analysis.tree import parse_source, split_lines
     from canary_instrument.rewrite.io.files import read_source
-    from canary_instrument.rewrite.uncovered import callers_wanted, uncovered_findings
+    from canary_instrument.rewrite.rules.ci301_uncovered_forward import callers_wanted, uncovered_findings
 
     tree.write(case_files.files("uncovered", ENGINE.name))
     tree.write(case_files.files("uncovered", case))

@@ -11,15 +11,14 @@ nothing types, or typed only with classes outside the tree (torch, the standard 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 
-from canary_instrument.rewrite.analysis.callgraph_links import CallIndex, link
+from canary_instrument.rewrite.analysis.callgraph_links import CallIndex, DefKey
 from canary_instrument.rewrite.analysis.modules import module_score
-from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, ReachFacts, target_method
+from canary_instrument.rewrite.analysis.reach_records import MODULE, DefFacts, Edge, ReachFacts, target_method
 from canary_instrument.rewrite.syntax.naming import receiver_fits
 
-DefKey = tuple[int, str]  # (file index, function qualname)
 ClassKey = tuple[int, str]  # (file index, class qualname)
 
 
@@ -85,7 +84,7 @@ class CallGraph:
                 self.subclasses[base].append(key)
         # Calls resolved both ways (`callees`, `callers`, and the `weak` ones, to an override only) for
         # the functions from which a path reaches a trigger: the only ones `uncovered` asks about.
-        self.callees, self.callers, self.weak = link(self)
+        self.callees, self.callers, self.weak = self._link()
 
     def symbol(self, qualified: str) -> list:
         """The tree's classes ("class", key, rest) or functions ("def", key) a qualified name names."""
@@ -390,6 +389,59 @@ class CallGraph:
         else:  # "name": `self.runners[i].m()`, nothing shows what the element is
             found = []
         return found
+
+    def _link(self) -> tuple[dict, dict, set]:
+        """(callees, callers, weak) of every function from which a path reaches a trigger or a KV-reading
+        forward, in the order of the functions and their calls (as if every call were resolved): a path
+        shown in a finding is the first one found in that order. `weak`: the (caller, callee) pairs where
+        the callee is only a subclass's override of the method the receiver's class has (real calls, but
+        a path shown in a finding goes another way if it can).
+
+        `uncovered` asks only about such functions (whether a path reaches one outside every site, who
+        calls one, whether one is exposed); a function that reaches none can call one of them only by
+        spelling its name, so they are found backwards from the triggers, by name (`calls`), and no other
+        call of the tree is resolved. Leaving the others unresolved changes neither which of them is
+        exposed nor the first path found to it (`uncovered.exposed` meets them in the same order)."""
+        callees: dict[DefKey, list[tuple[DefKey, Edge]]] = {}
+        callers: dict[DefKey, list[tuple[DefKey, Edge]]] = defaultdict(list)
+        weak_calls: set[tuple[DefKey, DefKey]] = set()
+        spelling = self.calls.spelling
+        reaching = {key for key, fn in self.defs.items() if fn.triggers or fn.kv}
+        queue = deque(reaching)
+        while queue:
+            key = queue.popleft()
+            for name in self._call_names(key):
+                for caller, edge in spelling.get(name, ()):
+                    if caller not in reaching and key in self.resolve(caller, edge.target, edge.call):
+                        reaching.add(caller)
+                        queue.append(caller)
+        for key, fn in self.defs.items():
+            if key not in reaching:
+                continue
+            out = []
+            for edge in fn.edges:
+                targets = self.resolve(key, edge.target, edge.call)
+                weak = getattr(targets, "overrides", None)
+                for target in targets:
+                    if target != key:
+                        out.append((target, edge))
+                        callers[target].append((key, edge))
+                        if weak and target in weak:
+                            weak_calls.add((key, target))
+            callees[key] = out
+        return callees, callers, weak_calls
+
+    def _call_names(self, key: DefKey) -> set[str]:
+        """The names a call of function `key` can spell: its own, and for a constructor the name of its
+        class or of any subclass that inherits it."""
+        fn = self.defs[key]
+        name = fn.qualname.rpartition(".")[2]
+        names = {name}
+        if fn.cls is not None and name == "__init__":
+            cls = (key[0], fn.cls)
+            names.update(c[1].rpartition(".")[2] for c in (cls, *self.descendants(cls)))
+        return names
+
 
 class _Resolved(list):
     """Methods a call may run, with those that are only subclasses' overrides marked."""

@@ -1,24 +1,24 @@
-"""check's content-hash cache (like ruff's): what each file contributed last time, reused while it is unchanged.
+"""check's cache, on black's footing: one pickle per invocation, holding per file its size, mtime and
+content hash and what check made of it, reused while the file is unchanged.
 
-One cache file per invocation (tool build, effective catalog, given paths) under
-`.canary-instrument-cache/` at the git root holding the first path (a tree outside git gets no
-new folder: its cache goes to the user's cache folder, as platformdirs names it: on Linux
-`$XDG_CACHE_HOME/canary-instrument`). An entry is reused when the file's size, mtime and inode are
-what they were (and the mtime is not so recent that a same-tick edit could hide behind it), or else
-when its content hash is. The file is signed with a key kept in the user's own cache folder, so a
-cache that was tampered with, copied from elsewhere, truncated or written by another build is
-ignored, never trusted. Writes are atomic and happen only when something changed.
-
-The hashing, signing and folder modules are imported where they are used: a run without a cache
-(`check --no-cache`, the cold gate) never loads them.
+An invocation is the tool's build, the effective catalog and the given paths (as black keys its cache by
+its mode). The file lives in `.canary-instrument-cache/` at the git root holding the first path, else in
+the user's cache folder as platformdirs names it (on Linux `$XDG_CACHE_HOME/canary-instrument`). A file is
+unchanged when its size and mtime are what they were (and the mtime is not so recent that a same-tick
+edit could hide behind it), or else when its content hash is. A cache that cannot be read is an empty
+one; writes are atomic and happen only when something changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import pickle
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import canary_instrument
@@ -26,14 +26,12 @@ from canary_instrument.catalog import Catalog
 
 FOLDER = ".canary-instrument-cache"
 ENV_DIR = "CANARY_INSTRUMENT_CACHE_DIR"
-_FORMAT = 1
+_FORMAT = 2
 _RACY_NS = 2_000_000_000  # an mtime this close to the last save may hide a same-tick edit: rehash it
-_DIGEST = 32  # bytes of the HMAC-SHA256 signature in front of the pickle
+_STALE_NS = 30 * 24 * 3600 * 10**9  # cache files of invocations not run for this long are removed
 
 
 def content_hash(data: bytes) -> bytes:
-    import hashlib
-
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
@@ -48,11 +46,7 @@ def default_cache_dirs(paths) -> list[Path]:
     """`.canary-instrument-cache` at the git root holding the first path (if any), then the user's cache."""
     first = Path(os.path.abspath(paths[0] if paths else "."))
     start = first if first.is_dir() else first.parent
-    found = []
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            found.append(folder / FOLDER)
-            break
+    found = [folder / FOLDER for folder in (start, *start.parents) if (folder / ".git").exists()][:1]
     return [*found, user_cache_dir()]
 
 
@@ -61,174 +55,126 @@ def tool_digest() -> str:
     checkout changes them without a new version)."""
     package = Path(canary_instrument.__file__).parent
     parts = [canary_instrument.__version__, sys.version]
-    folders = ["rewrite", "catalog"]
-    for folder in folders:  # grows with the subpackages found: every layer of the rewriter counts
-        try:
-            with os.scandir(package / folder) as entries:
-                for entry in sorted(entries, key=lambda e: e.name):
-                    if entry.name.endswith((".py", ".toml")):
-                        st = entry.stat()
-                        parts.append(f"{folder}/{entry.name}:{st.st_size}:{st.st_mtime_ns}")
-                    elif entry.name != "__pycache__" and entry.is_dir():
-                        folders.append(f"{folder}/{entry.name}")
-        except OSError:
-            parts.append(f"{folder}:?")
-    import hashlib
-
+    for folder in ("rewrite", "catalog"):
+        for path in sorted((package / folder).rglob("*")):
+            if path.suffix in (".py", ".toml"):
+                st = path.stat()
+                parts.append(f"{path.relative_to(package)}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
 
 
+@dataclass
+class Entry:
+    """One file as check last saw it: `needs` (what the rules need of it, `scan.needs_of`) and the
+    reports check made of it, by the needs each was made for."""
+
+    size: int
+    mtime_ns: int
+    digest: bytes
+    needs: int
+    reports: dict = field(default_factory=dict)
+
+
 class CheckCache:
-    """Per-file entries of one check invocation: `path -> (size, mtime_ns, ino, hash, needs, payload)`
-    (plain tuples, not black's NamedTuple: unpickling one per file costs the warm run more).
+    """The entries of one check invocation, by path; `result` is the outcome of the run that saved them,
+    with the hash of every file's path and content it was made from (`check_tree`)."""
 
-    `payload` is whatever check stores for the file (its FileReport, a SourceError, or None for a
-    file that needed no analysis), pickled; `extra` holds tree-level data check keeps between runs.
-    """
-
-    def __init__(self, file: Path | None, key: bytes | None) -> None:
+    def __init__(self, file: Path | None) -> None:
         self.file = file
-        self._key = key
-        self.entries: dict[str, tuple] = {}
-        self.extra: dict = {}
+        self.entries: dict[str, Entry] = {}
+        self.result: tuple | None = None
         self.saved_ns = 0
         self.changed = False
 
     @classmethod
     def open(cls, paths, catalog: Catalog, cache_dir: str | Path | None = None) -> CheckCache:
         """The cache for checking `paths` with `catalog`; one that cannot be used does nothing."""
-        import hashlib
-
-        key = _signing_key()
-        if key is None:
-            return cls(None, None)
         given = cache_dir or os.environ.get(ENV_DIR)
-        candidates = [Path(given)] if given else default_cache_dirs(paths)
         name = hashlib.blake2b(
-            "\n".join([
-                tool_digest(), repr(catalog), os.getcwd(), *(os.path.abspath(p) for p in paths),
-            ]).encode(),
+            "\n".join([tool_digest(), repr(catalog), os.getcwd(), *(os.path.abspath(p) for p in paths)]).encode(),
             digest_size=16,
         ).hexdigest()
-        for folder in candidates:
+        for folder in [Path(given)] if given else default_cache_dirs(paths):
             if _prepare(folder):
-                cache = cls(folder / f"check-{name}.bin", key)
-                cache._load()
+                cache = cls(folder / f"check-{name}.pickle")
+                cache._read()
                 return cache
-        return cls(None, None)
+        return cls(None)
 
     @property
     def enabled(self) -> bool:
         return self.file is not None
 
-    def lookup(self, path: str, st: os.stat_result | None):
-        """The entry when the file's stat shows it unchanged since a save that came after its mtime."""
+    def get(self, path: str, st: os.stat_result | None, digest: bytes | None = None) -> Entry | None:
+        """The entry of a file unchanged since it was saved: by its stat (given a save after its mtime),
+        or, given the hash of its content, by that."""
         entry = self.entries.get(path)
         if entry is None or st is None:
             return None
-        if (entry[0], entry[1], entry[2]) == (st.st_size, st.st_mtime_ns, st.st_ino) and \
-                st.st_mtime_ns < self.saved_ns - _RACY_NS:
-            return entry
-        return None
+        if digest is not None:
+            return entry if entry.digest == digest else None
+        same_stat = (entry.size, entry.mtime_ns) == (st.st_size, st.st_mtime_ns)
+        return entry if same_stat and st.st_mtime_ns < self.saved_ns - _RACY_NS else None
 
-    def lookup_hash(self, path: str, digest: bytes):
-        entry = self.entries.get(path)
-        return entry if entry is not None and entry[3] == digest else None
-
-    def store(self, path: str, st: os.stat_result, digest: bytes, needs: int, payload) -> None:
-        """Keep a file's outcome; the payload is kept pickled, so that loading the cache costs little
-        and a run that does not need a file's report never unpickles it (`payload`)."""
-        if payload is not None and not isinstance(payload, bytes):
-            payload = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-        entry = (st.st_size, st.st_mtime_ns, st.st_ino, digest, needs, payload)
+    def put(self, path: str, st: os.stat_result, digest: bytes, needs: int, reports: dict) -> None:
         old = self.entries.get(path)
-        if old is None or old[:5] != entry[:5]:
+        entry = Entry(st.st_size, st.st_mtime_ns, digest, needs, reports)
+        if old is None or (old.size, old.mtime_ns, old.digest, old.needs, old.reports.keys()) != (
+                entry.size, entry.mtime_ns, entry.digest, entry.needs, entry.reports.keys()):
             self.changed = True
         self.entries[path] = entry
 
-    @staticmethod
-    def payload(stored):
-        """A stored payload as an object (what `store` was given)."""
-        return pickle.loads(stored) if isinstance(stored, bytes) else stored
-
     def retain(self, paths) -> None:
         """Forget files that are gone."""
-        gone = self.entries.keys() - paths
-        if gone:
-            self.changed = True
-            for path in gone:
-                del self.entries[path]
-
-    def set_extra(self, name: str, value) -> None:
-        if self.extra.get(name) != value:
-            self.extra[name] = value
+        for path in self.entries.keys() - paths:
+            del self.entries[path]
             self.changed = True
 
-    def save(self) -> None:
-        """Write the cache atomically if anything changed; a cache that cannot be written is skipped."""
-        if self.file is None or not (self.changed or self._racy()):
+    def set_result(self, result: tuple) -> None:
+        if self.result != result:
+            self.result = result
+            self.changed = True
+
+    def write(self) -> None:
+        """Write the cache atomically if anything changed (or if an entry's mtime was too recent to be
+        trusted: saving later lets the next run trust it); a cache that cannot be written is skipped."""
+        if self.file is None or not (self.changed or any(e.mtime_ns >= self.saved_ns - _RACY_NS
+                                                         for e in self.entries.values())):
             return
-        import hashlib
-        import hmac
-        import tempfile
-
         now = time.time_ns()
-        body = pickle.dumps((_FORMAT, now, self.entries, self.extra), protocol=pickle.HIGHEST_PROTOCOL)
-        data = hmac.new(self._key, body, hashlib.sha256).digest() + body
         try:
             fd, tmp = tempfile.mkstemp(dir=self.file.parent, prefix=".check-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                os.replace(tmp, self.file)
-                tmp = None
-            finally:
-                if tmp is not None:
-                    os.unlink(tmp)
         except OSError:
             return
-        self.saved_ns = now
-        self.changed = False
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                pickle.dump((_FORMAT, now, self.entries, self.result), handle, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, self.file)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return
+        self.saved_ns, self.changed = now, False
         _forget_old(self.file.parent, now)
 
-    def _racy(self) -> bool:
-        """Entries saved while their mtime was recent: saving again (later) lets the next run trust their stat."""
-        return any(entry[1] >= self.saved_ns - _RACY_NS for entry in self.entries.values())
-
-    def _load(self) -> None:
-        import hashlib
-        import hmac
-
+    def _read(self) -> None:
         try:
             with open(self.file, "rb") as handle:
-                data = handle.read()
-        except OSError:
+                version, saved_ns, entries, result = pickle.load(handle)
+        except Exception:  # noqa: BLE001 - no cache yet, or one this build cannot read: start afresh
             return
-        signature, body = data[:_DIGEST], data[_DIGEST:]
-        if not hmac.compare_digest(signature, hmac.new(self._key, body, hashlib.sha256).digest()):
-            return  # not written by this user's tool, or damaged: start afresh
-        try:
-            version, saved_ns, entries, extra = pickle.loads(body)
-        except Exception:  # noqa: BLE001 - an unreadable cache is an empty cache
-            return
-        if version != _FORMAT or not isinstance(entries, dict) or not isinstance(extra, dict):
-            return
-        self.entries, self.extra, self.saved_ns = entries, extra, saved_ns
-
-
-_STALE_NS = 30 * 24 * 3600 * 10**9
+        if version == _FORMAT and isinstance(entries, dict):
+            self.entries, self.result, self.saved_ns = entries, result, saved_ns
 
 
 def _forget_old(folder: Path, now: int) -> None:
     """Remove cache files of invocations not run for 30 days (one file per invocation accumulates)."""
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.name.startswith("check-") and entry.name.endswith(".bin"):
-                    if now - entry.stat().st_mtime_ns > _STALE_NS:
-                        os.unlink(entry.path)
-    except OSError:
-        pass
+    for path in folder.glob("check-*.pickle"):
+        try:
+            if now - path.stat().st_mtime_ns > _STALE_NS:
+                path.unlink()
+        except OSError:
+            pass
 
 
 def _prepare(folder: Path) -> bool:
@@ -247,28 +193,3 @@ def _prepare(folder: Path) -> bool:
         return os.access(folder, os.W_OK)
     except OSError:
         return False
-
-
-def _signing_key() -> bytes | None:
-    """This user's cache signing key (created on first use, readable by the user only)."""
-    import secrets
-    import tempfile
-
-    path = user_cache_dir() / "cache-key"
-    try:
-        key = path.read_bytes()
-        if len(key) == 32:
-            return key
-    except OSError:
-        pass
-    key = secrets.token_bytes(32)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-key-")
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(key)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-        return path.read_bytes() if len(path.read_bytes()) == 32 else None
-    except OSError:
-        return None

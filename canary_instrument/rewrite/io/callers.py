@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-from canary_instrument.rewrite.io.parallel import map_two
 from canary_instrument.rewrite.io.prefilter import code_use, line_start
 from canary_instrument.rewrite.syntax.naming import receiver_fits
 
@@ -27,10 +26,9 @@ class CallerSearch:
     def __init__(self, datas: list[bytes]) -> None:
         self._datas = datas
 
-    def find(self, wanted, two_cores: bool = True) -> set[int]:
-        """Indexes of the files that hold a use `wanted` names: ("call", name, class or None) and
-        ("subclass", class) entries (`uncovered.callers_wanted`). `two_cores=False`: all here (the
-        caller already shares the files between two processes)."""
+    def find(self, wanted) -> set[int]:
+        """Indexes of the files that hold a use `wanted` names: ("call", name, class or None),
+        ("subclass", class) and ("define", class) entries (`uncovered.callers_wanted`)."""
         owners: dict[str, set[str | None]] = {}
         bases: set[str] = set()
         defined: set[str] = set()
@@ -43,16 +41,10 @@ class CallerSearch:
                 defined.add(entry[1])
         words = sorted(owners.keys() | bases | defined)
 
-        def files_using(group: tuple[str, list[str]]) -> set[int]:
-            return self._files_using(group[0], group[1], owners, bases, defined)
-
-        # One pass over the whole tree per needle (a word, or a part that several class names share,
-        # `_needles`): the needles share the two cores (parallel.map_two).
-        groups = _needles(words)
+        # One pass over the whole tree per needle: a word, or a part that several class names share (`_needles`).
         found: set[int] = set()
-        size = sum(map(len, self._datas)) if two_cores else 0
-        for hits in map_two(files_using, groups, [size] * len(groups)):
-            found |= hits
+        for needle, group in _needles(words):
+            found |= self._files_using(needle, group, owners, bases, defined)
         return found
 
     def _files_using(self, needle: str, words: list[str], owners: dict, bases: set[str], defined: set[str]) -> set[int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from canary_instrument.rewrite.findings import UNREACHABLE_MANAGER, Finding
-from canary_instrument.rewrite.analysis.placement import unreachable_message
 
 if TYPE_CHECKING:
     from canary_instrument.catalog import Catalog
@@ -22,6 +21,16 @@ if TYPE_CHECKING:
     from canary_instrument.rewrite.analysis.tree import ParsedFile
 
 CODE = UNREACHABLE_MANAGER
+
+
+def unreachable_message(info, analysis) -> str:
+    """CI208's message for a class whose sites' manager expression reads what the class never uses."""
+    roles = sorted({m.site.role for m in analysis.sites if m.class_node is info.class_node})
+    return (
+        f"{info.class_node.name}: its {', '.join(roles)} site(s) run on the {info.manager.name} manager, "
+        f"`{info.manager.expression}`, but the class never uses `{info.manager.owner}` and holds no single model "
+        "runner in its place; its sites are left as they are (set the manager's expression in the catalog)"
+    )
 
 
 def findings(parsed: ParsedFile) -> list[Finding]:

@@ -14,4 +14,4 @@ from __future__ import annotations
 from canary_instrument.rewrite.findings import HOOK_NOT_PLACED
 
 CODE = HOOK_NOT_PLACED
-# A whole-tree rule, reported with CI102 by `placement_findings` (see rules.ci102_site_not_found).
+# A whole-tree rule, reported with CI102 by `rules.ci102_site_not_found.tree_check`.

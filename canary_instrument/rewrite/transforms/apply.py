@@ -15,9 +15,10 @@ from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog, Manager
 from canary_instrument.rewrite.check import uncovered_forwards
 from canary_instrument.rewrite.analysis.layout import fit, indent_lines, line_limit
 from canary_instrument.rewrite.analysis.locate import MEMBER_MARKER, FileAnalysis, Imports, SiteMatch, dotted_name
-from canary_instrument.rewrite.analysis.placement import Placement, placement_findings, placement_of
+from canary_instrument.rewrite.analysis.placement import Placement, placement_of
 from canary_instrument.rewrite.rules import (
     ci101_missing_placeholder,
+    ci102_site_not_found,
     ci103_stray_placeholder,
     ci107_unknown_hand_wiring,
     ci108_ambiguous_role,
@@ -28,7 +29,8 @@ from canary_instrument.rewrite.rules.select import Reported
 from canary_instrument.rewrite.syntax.nodes import same_code
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.transforms.scaffold import report_unusable
-from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
+from canary_instrument.rewrite.transforms.runner import run_transform
 
 MEMBER_SIGNATURE = "(self, forward_batch=None, *, outside=None, active=None)"
 MEMBER_RETURN = "return canary_context(manager, forward_batch, outside=outside, active=active)"
@@ -244,7 +246,7 @@ def apply_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
         return plan_apply(parsed, catalog, result)
 
     result = run_transform(paths, catalog, plan, write=write)
-    result.findings.extend(placement_findings(placements, catalog))
+    result.findings.extend(ci102_site_not_found.tree_check(placements, catalog))
     if catalog.triggers:
         # Read after the writes (the lines `check` will report); with nothing written, the tree as it is.
         result.findings.extend(uncovered_forwards(paths, catalog))

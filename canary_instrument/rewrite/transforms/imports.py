@@ -1,7 +1,15 @@
 """Where an added import goes and what spacing an edit of the import block keeps, as isort would write it.
 
-The file keeps its own spacing around its imports, so that revert (which removes what apply added)
-gives back the input byte for byte.
+libcst's `AddImportsVisitor` adds the imports (and merges a name into an existing import from its
+module); it puts a new statement after the file's last top-level import, which in sglang's files is the
+first-party block, where isort and ruff's `I001` would not have it. On sglang 0.5.23's
+`model_executor/model_runner.py`, AddImportsVisitor alone writes the runtime import after
+`from sglang.srt.utils.weight_checker import WeightChecker` (line 261); apply writes it after
+`import torch.distributed as dist` (line 26), at the end of the third-party block. So the statements
+it inserted are moved: a plain standard-library import among the standard-library imports
+(`place_stdlib_imports`), the runtime import into the third-party block, sorted there
+(`add_sorted_import`). The file keeps its own spacing around its imports, so that revert (which removes
+what apply added) gives back the input byte for byte.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from canary_instrument.catalog import RUNTIME_EXPORTS, Catalog
 from canary_instrument.rewrite.transforms.apply import imports_of, report_unhandled
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.transforms.scaffold import factory_spelling, report_unusable
-from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult
+from canary_instrument.rewrite.transforms.runner import run_transform
 
 
 def plan_revert(parsed: ParsedFile, catalog: Catalog, result: RunResult) -> EditPlan:

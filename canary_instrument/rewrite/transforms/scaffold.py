@@ -15,7 +15,8 @@ from canary_instrument.rewrite.findings import NOT_A_NO_OP
 from canary_instrument.rewrite.analysis.locate import FileAnalysis, _is_wrapper, analyse
 from canary_instrument.rewrite.rules import ci105_incomplete_placeholder
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
-from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, run_transform, split_lines
+from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, split_lines
+from canary_instrument.rewrite.transforms.runner import run_transform
 
 
 def factory_spelling(parsed: ParsedFile, catalog: Catalog, plan: EditPlan) -> str:
@@ -92,7 +93,7 @@ def prove_no_op(parsed: ParsedFile, new_text: str, catalog: Catalog) -> None:
 
 def scaffold_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
     """Insert placeholders at every located site that has none, and on every forward path that runs
-    outside every site where a role's shape places one (`analysis.cover`); write only proven no-op
+    outside every site where a role's shape places one (`transforms.cover`); write only proven no-op
     changes. A forward path no role can be placed on is reported (CI301)."""
     catalog, unplaced = covering_catalog(paths, catalog)
     result = run_transform(
@@ -107,24 +108,19 @@ def scaffold_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
 def covering_catalog(paths, catalog: Catalog) -> tuple[Catalog, list]:
     """The catalog with a location hint for each site that covers an uncovered forward path, and CI301's
     findings for the paths none covers."""
-    from canary_instrument.rewrite.analysis.cover import plan_cover
     from canary_instrument.rewrite.check import uncovered_graph
-    from canary_instrument.rewrite.uncovered import uncovered_paths
+    from canary_instrument.rewrite.rules import ci301_uncovered_forward as ci301
+    from canary_instrument.rewrite.transforms.cover import plan_cover
 
     _, graph = uncovered_graph(paths, catalog)
     if graph is None:
         return catalog, []
-    placements, unplaced = plan_cover(graph, catalog, uncovered_paths)
+    placements, unplaced = plan_cover(graph, catalog, ci301.uncovered_paths)
     hints: dict[str, tuple[Location, ...]] = {}
     for place in placements:
         location = Location(
             path=Path(place.path).as_posix(), classes=(place.cls,), methods=(place.method,), lines=place.lines)
         hints[place.role] = hints.get(place.role, ()) + (location,)
-    findings = []
-    if unplaced:
-        from canary_instrument.rewrite.rules import ci301_uncovered_forward
-        from canary_instrument.rewrite.uncovered import exposed
-
-        via = exposed(graph)
-        findings = [ci301_uncovered_forward.finding(graph, key, trigger, via) for key, trigger, _ in unplaced]
+    via = ci301.exposed(graph) if unplaced else {}
+    findings = [ci301.finding(graph, key, trigger, via) for key, trigger, _ in unplaced]
     return catalog.with_locations(hints), findings

@@ -18,7 +18,8 @@ from pathlib import Path
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
 from canary_instrument.rewrite.analysis.reach import MODULE
-from canary_instrument.rewrite.analysis.tree import ParsedFile, load
+from canary_instrument.rewrite.analysis.tree import ParsedFile
+from canary_instrument.rewrite.transforms.runner import load
 from canary_instrument.rewrite.syntax.nodes import FUNCTIONS
 
 
