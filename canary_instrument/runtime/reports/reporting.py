@@ -28,12 +28,23 @@ MAX_KEPT_VIOLATIONS = 100_000  # violations kept for flush(); older ones only co
 
 
 class ReasonCounts:
-    """Violation records read so far, by reason, for the stats line (counted by their reason bits)."""
+    """Violation records read so far, by reason, for the stats line (counted by their reason bits; the
+    arrays of reason bits read since the last count are folded in when the line asks)."""
 
     def __init__(self) -> None:
         self.bits: Counter = Counter()
+        self._pending: list = []
+
+    def add(self, bits) -> None:
+        self._pending.append(bits)
 
     def as_tuple(self) -> tuple:
+        if self._pending:
+            import numpy as np
+
+            values, counts = np.unique(np.concatenate(self._pending), return_counts=True)
+            self.bits.update(dict(zip(values.tolist(), counts.tolist())))
+            self._pending = []
         counts: Counter = Counter()
         for bits, count in self.bits.items():
             for bit, name in REASON_NAMES.items():
@@ -64,7 +75,8 @@ class Reporter:
         self._window = Window()
         self._window_start: Optional[int] = None
         self._sweep_steps: deque = deque(maxlen=STEPS_REMEMBERED)  # steps that launched a sweep slice
-        self._kept: list[Violation] = []
+        self._kept: list = []  # (records, their steps) read since the last flush(), at most MAX_KEPT_VIOLATIONS
+        self._kept_rows = 0
         self._kept_dropped = 0
         self._pending: list[Violation] = []
         self._pending_lines: list[str] = []
@@ -75,16 +87,17 @@ class Reporter:
 
     def read(self, count: int, step: int, snapshot: Optional[Snapshot]) -> None:
         """Decode ring records [seen, count) as violations of ``step`` (sweep records: of the sweep's step)."""
-        ring = self._readback.read_ring(snapshot)
+        import numpy as np
+
+        ring = self._readback.read_ring(snapshot).numpy()
         ring_size = ring.shape[0]
         seen = self._published.mark_read(count)
         first = max(seen, count - ring_size)
         if first >= count and first == seen:
             return
-        records = ring.tolist()
-        rows = [records[i % ring_size] for i in range(first, count)]
+        records = ring[np.arange(first, count) % ring_size]
         sweep_step = self._sweep_step_before(step) if snapshot is None and self._sweep_steps else step
-        self._report(rows, first - seen, step, sweep_step)
+        self._report(records, first - seen, step, sweep_step)
 
     def _sweep_step_before(self, step: int) -> int:
         """The last step before ``step`` that launched a sweep slice: a sweep runs at the end of its
@@ -96,59 +109,66 @@ class Reporter:
             found = swept
         return found
 
-    def _report(self, rows: list, dropped: int, step: int, sweep_step: int) -> None:
-        self.read_total += len(rows)
+    def _report(self, records, dropped: int, step: int, sweep_step: int) -> None:
+        """``records``: the new ring records, an int64 array of one record a row, counted and summarised
+        with numpy; only those logged, kept or sunk become ``Violation`` objects."""
+        import numpy as np
+
+        n = len(records)
+        self.read_total += n
         self.dropped_total += dropped
-        self.reasons.bits.update(row[6] for row in rows)
-        window = self._window
-        if self._window_start is None:
-            self._window_start = step
-        window.note(step)
-        window.dropped += dropped
+        bits = records[:, 6]
+        self.reasons.add(bits.copy())
+        # The first record of each (reasons, kernel, group) class not logged before, then the first few.
+        kinds, firsts = np.unique((bits << 8) | (records[:, 0] << 2) | (records[:, 1] >> 1), return_index=True)
+        full = {i for kind, i in zip(kinds.tolist(), firsts.tolist()) if kind not in self._classes}
+        self._classes.update(kinds.tolist())
         if self._step_lines[0] != step:
             self._step_lines = (step, 0)
-        room = self._lines_per_step - self._step_lines[1]
-        full, withheld = [], []
-        for row in rows:
-            kind = (row[6], row[0], row[1] // 2)
-            if kind not in self._classes:
-                self._classes.add(kind)
-                full.append(row)
-            elif room > 0:
+        room = max(0, self._lines_per_step - self._step_lines[1])
+        i = 0
+        while room and i < n:  # the bound's lines: the first records the new classes did not already take
+            if i not in full:
+                full.add(i)
                 room -= 1
-                full.append(row)
-            else:
-                withheld.append(row)
-        self._step_lines = (step, self._step_lines[1] + len(full))
+            i += 1
+        full_index = sorted(full)
+        self._step_lines = (step, self._step_lines[1] + len(full_index))
+        withheld = np.ones(n, dtype=bool)
+        withheld[full_index] = False
+        steps = np.where(records[:, 0] == KERNEL_SWEEP, sweep_step, step)
 
-        def violation(row):
-            return Violation.from_record(row, sweep_step if row[0] == KERNEL_SWEEP else step)
+        def violations(index) -> list[Violation]:
+            return [Violation.from_record(records[i].tolist(), int(steps[i])) for i in index]
 
-        logged = [violation(row) for row in full]
-        kept_room = max(0, MAX_KEPT_VIOLATIONS - len(self._kept))
-        if kept_room or self._sink is not None:
-            decoded = logged + [violation(row) for row in withheld[:None if self._sink is not None else kept_room]]
-            self._kept.extend(decoded[:kept_room])
-            self._kept_dropped += max(0, len(rows) - kept_room)
-            if self._sink is not None:
-                self._sink.write(decoded, dropped, step)
-        else:
-            self._kept_dropped += len(rows)
+        logged = violations(full_index)
+        if self._sink is not None:
+            self._sink.write(violations(range(n)), dropped, step)
+        kept_room = max(0, MAX_KEPT_VIOLATIONS - self._kept_rows)
+        if kept_room:  # kept as records; decoded when flush() asks
+            self._kept.append((records[:kept_room].copy(), steps[:kept_room].copy()))
+            self._kept_rows += min(n, kept_room)
+        self._kept_dropped += max(0, n - kept_room)
         extra = []
         if dropped:
             extra.append(
                 f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
                 f"(KV_CANARY_RING_SIZE={self._ring_size}); counted in the totals, never decoded"
             )
+        rest = int(withheld.sum())
         if self._raise:
             # The step's violations go up in one error; its message is bounded like the log.
             self._pending.extend(logged)
             self._pending_lines.extend(extra)
-            if withheld:
-                self._pending_lines.append(f"... and {len(withheld)} more violations at step {step}")
+            if rest:
+                self._pending_lines.append(f"... and {rest} more violations at step {step}")
             return
+        window = self._window
+        if self._window_start is None:
+            self._window_start = step
+        window.dropped += dropped
         window.logged += len(logged)
-        window.withhold(withheld, step)
+        window.withhold(records[withheld], step)
         self.logged_total += len(logged)
         for v in logged:
             logger.error("%s", v.format_sglang() if self._sglang_lines else v.format())
@@ -170,7 +190,9 @@ class Reporter:
     def take_kept(self) -> list[Violation]:
         """The violations read since the last call (``flush()``'s result); the interval's summary is logged."""
         self.summarise()
-        out, self._kept = self._kept, []
+        out = [Violation.from_record(row, int(at)) for records, steps in self._kept
+               for row, at in zip(records.tolist(), steps.tolist())]
+        self._kept, self._kept_rows = [], 0
         if self._kept_dropped:
             logger.warning(
                 "kv_canary flush: %d more violations were logged but not kept for flush() (limit %d)",

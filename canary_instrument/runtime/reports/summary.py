@@ -54,7 +54,8 @@ class SummaryLine(LogLine):
 
 
 class Window:
-    """The interval since the last summary: what was logged in full, and what was withheld, by field."""
+    """The interval since the last summary: what was logged in full, and the records withheld (kept as arrays
+    and counted once, when the summary is written: a flood's steps pay only for a copy)."""
 
     def __init__(self) -> None:
         self.first_step: Optional[int] = None
@@ -62,39 +63,38 @@ class Window:
         self.logged = 0
         self.withheld = 0
         self.dropped = 0
-        self.bits: Counter = Counter()  # reason bits of the withheld records -> how many
-        self.kernels: Counter = Counter()
-        self.req_rows: set = set()
-        self.slots: set = set()
+        self._records: list = []  # per read: the withheld records' (kernel, slot, reason bits, req row) columns
 
     def note(self, step: int) -> None:
         if self.first_step is None:
             self.first_step = step
         self.last_step = max(self.last_step, step)
 
-    def withhold(self, records: list, step: int) -> None:
-        """Count withheld ring records (`Reporter` record lists) of `step`."""
+    def withhold(self, records, step: int) -> None:
+        """Count withheld ring records of `step` (an int64 array, one record a row)."""
         self.note(step)
         self.withheld += len(records)
-        self.bits.update(r[6] for r in records)
-        self.kernels.update(r[0] for r in records)
-        self.req_rows.update(r[7] for r in records)
-        self.slots.update(r[2] for r in records)
+        if len(records):
+            self._records.append(records[:, [0, 2, 6, 7]])
 
     @property
     def empty(self) -> bool:
         return not self.withheld and not self.dropped
 
     def line(self) -> SummaryLine:
+        import numpy as np
+
+        columns = np.concatenate(self._records) if self._records else np.zeros((0, 4), dtype=np.int64)
         reasons = Counter()
-        for bits, count in self.bits.items():
+        for bits, count in zip(*(a.tolist() for a in np.unique(columns[:, 2], return_counts=True))):
             for bit, name in REASON_NAMES.items():
                 if bits & bit:
                     reasons[name] += count
         order = list(REASON_NAMES.values())
+        kernels = zip(*(a.tolist() for a in np.unique(columns[:, 0], return_counts=True)))
         return SummaryLine(
             first_step=self.first_step or 0, last_step=self.last_step, withheld=self.withheld, logged=self.logged,
             reasons=tuple(sorted(reasons.items(), key=lambda item: order.index(item[0]))),
-            kernels=tuple((KERNEL_NAMES.get(k, f"kernel{k}"), c) for k, c in sorted(self.kernels.items())),
-            req_rows=len(self.req_rows), slots=len(self.slots), dropped=self.dropped,
+            kernels=tuple((KERNEL_NAMES.get(k, f"kernel{k}"), c) for k, c in kernels),
+            req_rows=len(np.unique(columns[:, 3])), slots=len(np.unique(columns[:, 1])), dropped=self.dropped,
         )
