@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Optional
 from canary_instrument.runtime.perturb.perturb_settings import PerturbSettings, int_at_least, load_perturb_settings
 
 MODES = ("none", "log", "raise")
+DEFAULT_LINES_PER_STEP = 8
+ALL_LINES = 1 << 62  # no bound
 LOG_FORMATS = ("canary", "sglang")
 REAL_KV_MODES = ("none", "partial", "all")
 BACKENDS = ("auto", "triton", "torch")
@@ -69,8 +71,10 @@ class CanarySettings:
     # [kv_canary_token_oracle_seed / SGLANG_KV_CANARY_TOKEN_ORACLE_SEED] 0 = upstream's tokens exactly
     token_oracle_seed: int = 0
     # Reporting under a flood (reports/reporting.py). [kv_canary_log_lines_per_step / KV_CANARY_LOG_LINES_PER_STEP]
-    # violations logged in full per step (the first of each new reason/kernel/group class always is)
-    log_lines_per_step: int = 8
+    # violations logged in full per step (the first of each new reasons/kernel/group class always is); unset:
+    # DEFAULT_LINES_PER_STEP, or every violation while self-test perturbations are armed (their score reads
+    # each injection's lines back from the log)
+    log_lines_per_step: Optional[int] = None
     # [kv_canary_summary_interval / KV_CANARY_SUMMARY_INTERVAL] steps between summaries of what was withheld
     summary_interval: int = 100
     # [kv_canary_violation_sink / KV_CANARY_VIOLATION_SINK] a file to append every violation to as JSON, "" = off
@@ -83,6 +87,13 @@ class CanarySettings:
     @property
     def enabled(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def lines_per_step(self) -> int:
+        """The log's bound on full violation lines per step, as set or as its default says."""
+        if self.log_lines_per_step is not None:
+            return self.log_lines_per_step
+        return ALL_LINES if self.perturb.enabled else DEFAULT_LINES_PER_STEP
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
