@@ -146,15 +146,14 @@ def locate_role(function, cls, catalog: Catalog, imports: Imports, lines: list[s
                  else _locate_with_item(site, function))
         if found is None:
             continue
-        _, _, loops, first, last = found
+        block, _, loops, first, last = found
         start, end = first_line(first), last.end_lineno or last.lineno
         index = loop_index(loops)
         if not any(start <= line <= end for line in on_path) or (site.loop and index is None):
             continue
-        guarded = [name for stmt in (first,) if site.shape == "with_item" for name in call_names(stmt)] or [
-            name for block, _, _ in walk_blocks(function.body) if first in block
-            for stmt in block[block.index(first): block.index(last) + 1] for name in call_names(stmt)
-        ]
+        # What the site will guard: the `with` a with-item joins, or the statements a wrap puts in its block.
+        statements = [first] if site.shape == "with_item" else block[block.index(first): block.index(last) + 1]
+        guarded = [name for stmt in statements for name in call_names(stmt)]
         context = Context(
             usage="with", calls=in_catalog_spelling(guarded, spellings), loop_index=index, facts=facts,
             runner=runner, placeholder=site.placeholder, handwired=None, aliases=aliases,

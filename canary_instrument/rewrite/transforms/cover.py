@@ -6,7 +6,7 @@ manager its class reaches) around the path's next step gets a site of that role.
 the shape of the code, as it will when the placeholder is found later; class and method names play
 no part. Each placement is taken into the call graph as a bracket before the next uncovered forward
 is looked at, so one site covers every path through it (a capture method's warm-up and capture), and
-a forward no role can be placed on is returned, for apply and scaffold to report.
+a forward no role can be placed on is returned, for scaffold to report (CI301).
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from pathlib import Path
 
 from canary_instrument.catalog import Catalog
 from canary_instrument.rewrite.analysis.callgraph import CallGraph, DefKey
+from canary_instrument.rewrite.analysis.locate import locate_role
 from canary_instrument.rewrite.analysis.reach import MODULE
 from canary_instrument.rewrite.analysis.tree import ParsedFile
-from canary_instrument.rewrite.transforms.runner import load
+from canary_instrument.rewrite.rules.ci301_uncovered_forward import uncovered_paths
 from canary_instrument.rewrite.syntax.nodes import FUNCTIONS
+from canary_instrument.rewrite.transforms.runner import load
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,10 @@ class _Files:
         return None if function is None else (parsed.path, parsed.lines, parsed.analysis.imports, cls, function)
 
 
-def plan_cover(graph: CallGraph, catalog: Catalog, uncovered) -> tuple[list[Placement], list]:
-    """Sites that cover the uncovered forwards, and the forwards none could be placed for.
-
-    `uncovered(graph)` lists the exposed triggers as (function key, trigger, path root..key); it is asked
-    again after each placement, which the graph then holds as a bracket."""
-    from canary_instrument.rewrite.analysis.locate import locate_role
-
+def plan_cover(graph: CallGraph, catalog: Catalog) -> tuple[list[Placement], list]:
+    """Sites that cover the uncovered forwards, and the forwards none could be placed for, each as
+    (function key, trigger, path root..key). The uncovered forwards are asked again after each placement,
+    which the graph then holds as a bracket."""
     files = _Files(graph, catalog)
     # What entering each role's site opens on its manager: the outside-graph phases, an active sub-forward,
     # or both. The runtime refuses a site that opens what an enclosing one holds open on the same manager. A
@@ -76,44 +75,42 @@ def plan_cover(graph: CallGraph, catalog: Catalog, uncovered) -> tuple[list[Plac
         for site in catalog.sites
     }
     placements: list[Placement] = []
-    unplaced: dict[tuple, object] = {}
+    unplaced: dict[tuple, tuple] = {}
     while True:
-        pending = [item for item in uncovered(graph) if (item[0], item[1].line) not in unplaced]
+        pending = [item for item in uncovered_paths(graph) if (item[0], item[1].line) not in unplaced]
         if not pending:
             return placements, list(unplaced.values())
         key, trigger, chain = pending[0]
-        placed = None
         enclosing = _enclosing(graph, kinds)
-        # Roles that name what they guard first, anywhere on the path; a role that names nothing only
-        # where none of them locates.
-        for named in (True, False):
-            # A role that names nothing is a start-up forward's: only on a path through a constructor.
-            start_up = [at for at, step in enumerate(chain) if graph.defs[step].qualname.endswith(".__init__")]
-            for at in range(len(chain) - 1, -1, -1):
-                if not named and (not start_up or at < start_up[0]):
-                    break
-                step = chain[at]
-                if ".<locals>." in graph.defs[step].qualname or graph.defs[step].qualname == MODULE:
-                    continue  # a nested function runs where its enclosing one hands it on: placed there
-                found = files.function(step)
-                if found is None:
-                    continue
-                path, lines, imports, cls, function = found
-                lines_on_path = _next_lines(graph, chain, at, trigger)
-                placed = locate_role(function, cls, catalog, imports, lines, lines_on_path, named=named)
-                if placed is not None and _would_nest(graph, kinds, enclosing, step, *placed):
-                    placed = None  # entered inside a site of its kind, or one inside it, on some path
-                if placed is not None:
-                    site, first, last = placed
-                    _bracket(graph, step, first, last, site.role)
-                    placements.append(Placement(
-                        Path(path), cls.name if cls is not None else None, function.name, site.role,
-                        tuple(sorted(lines_on_path))))
-                    break
-            if placed is not None:
-                break
-        if placed is None:
+        for at, named in _steps(graph, chain):
+            found = files.function(chain[at])
+            if found is None:
+                continue
+            path, lines, imports, cls, function = found
+            lines_on_path = _next_lines(graph, chain, at, trigger)
+            placed = locate_role(function, cls, catalog, imports, lines, lines_on_path, named=named)
+            if placed is None or _would_nest(graph, kinds, enclosing, chain[at], *placed):
+                continue  # no role fits here, or its site would run inside one of its kind (or one inside it)
+            site, first, last = placed
+            _bracket(graph, chain[at], first, last, site.role)
+            placements.append(Placement(Path(path), cls.name if cls is not None else None, function.name,
+                                        site.role, tuple(sorted(lines_on_path))))
+            break
+        else:
             unplaced[(key, trigger.line)] = (key, trigger, chain)
+
+
+def _steps(graph: CallGraph, chain: list[DefKey]):
+    """(position on the path, whether only roles that name their calls are tried) in the order a site is
+    looked for: back from the forward, roles that name what they guard anywhere on the path; then a role
+    that names nothing (a start-up forward's) back to the first constructor on the path, if there is one.
+    A nested function is skipped: it runs where its enclosing one hands it on, which is on the path too."""
+    placeable = [at for at, key in enumerate(chain)
+                 if ".<locals>." not in graph.defs[key].qualname and graph.defs[key].qualname != MODULE]
+    yield from ((at, True) for at in reversed(placeable))
+    constructors = [at for at, key in enumerate(chain) if graph.defs[key].qualname.endswith(".__init__")]
+    if constructors:
+        yield from ((at, False) for at in reversed(placeable) if at >= constructors[0])
 
 
 def _enclosing(graph: CallGraph, kinds: dict) -> dict[DefKey, set[str]]:

@@ -13,7 +13,10 @@ from canary_instrument.catalog import Catalog, Location
 from canary_instrument.rewrite.io.files import SourceError
 from canary_instrument.rewrite.findings import NOT_A_NO_OP
 from canary_instrument.rewrite.analysis.locate import FileAnalysis, _is_wrapper, analyse
+from canary_instrument.rewrite.check import uncovered_graph
 from canary_instrument.rewrite.rules import ci105_incomplete_placeholder
+from canary_instrument.rewrite.rules import ci301_uncovered_forward as ci301
+from canary_instrument.rewrite.transforms.cover import plan_cover
 from canary_instrument.rewrite.transforms.plan import EditPlan, key_of
 from canary_instrument.rewrite.analysis.tree import ParsedFile, RunResult, split_lines
 from canary_instrument.rewrite.transforms.runner import run_transform
@@ -108,14 +111,10 @@ def scaffold_tree(paths, catalog: Catalog, *, write: bool = True) -> RunResult:
 def covering_catalog(paths, catalog: Catalog) -> tuple[Catalog, list]:
     """The catalog with a location hint for each site that covers an uncovered forward path, and CI301's
     findings for the paths none covers."""
-    from canary_instrument.rewrite.check import uncovered_graph
-    from canary_instrument.rewrite.rules import ci301_uncovered_forward as ci301
-    from canary_instrument.rewrite.transforms.cover import plan_cover
-
     _, graph = uncovered_graph(paths, catalog)
     if graph is None:
         return catalog, []
-    placements, unplaced = plan_cover(graph, catalog, ci301.uncovered_paths)
+    placements, unplaced = plan_cover(graph, catalog)
     hints: dict[str, tuple[Location, ...]] = {}
     for place in placements:
         location = Location(
