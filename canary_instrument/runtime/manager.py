@@ -36,6 +36,7 @@ from canary_instrument.runtime.reports.reporting import Reporter
 from canary_instrument.runtime.setup.settings import CanarySettings
 from canary_instrument.runtime.step.single_forward import IDLE, PLANNED, PRE_DONE, SingleForwardManager
 from canary_instrument.runtime.reports.snapshots import Snapshots, Tag
+from canary_instrument.runtime.reports.sink import open_sink
 from canary_instrument.runtime.setup.sites import SITE_CONTEXT_TYPES, SiteCache, canary_context
 from canary_instrument.runtime.passes.state import CanaryState
 from canary_instrument.runtime.reports.stats import CanaryStats, StatsKeeper, StatsLine
@@ -112,7 +113,7 @@ class CanaryManager:
         self.reporter = Reporter(
             mode=settings.mode, ring_size=settings.ring_size, readback=self._readback, published=self.published,
             lines_per_step=settings.lines_per_step, summary_interval=settings.summary_interval,
-            sink=_sink(settings.violation_sink, process_group), line_format=settings.log_format,
+            sink=open_sink(settings.violation_sink, process_group), line_format=settings.log_format,
         )
         self.health = HealthCheck()
         self._stats = StatsKeeper(interval=settings.stats_interval, rows_per_token=len(state.groups),
@@ -389,20 +390,6 @@ class CanaryManager:
         if forward_batch is not None and forward_kind(forward_batch) != IDLE_BATCH:
             seq_lens = forward_batch.seq_lens[: int(forward_batch.batch_size)]
         return swa_divergence_on_device(self.state.swa_mapping, seq_lens, self.state.swa_window)
-
-
-def _sink(path: str, process_group: Any) -> Any:
-    """The structured sink of the settings, one file per rank (reports/sink.py); None when off."""
-    if not path:
-        return None
-    from canary_instrument.runtime.reports.sink import Sink
-
-    rank, ranks = 0, 1
-    if process_group is not None:
-        import torch.distributed as dist
-
-        rank, ranks = dist.get_rank(process_group), dist.get_world_size(process_group)
-    return Sink(path, rank, ranks)
 
 
 SITE_CONTEXT_TYPES.add(CanaryManager)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from typing import Any, Iterable
 
 
 class Sink:
@@ -32,3 +32,15 @@ class Sink:
 
     def close(self) -> None:
         self._file.close()
+
+
+def open_sink(path: str, process_group: Any = None) -> Sink | None:
+    """The sink the settings name, for this process's rank of `process_group`; None when off."""
+    if not path:
+        return None
+    rank, ranks = 0, 1
+    if process_group is not None:
+        import torch.distributed as dist
+
+        rank, ranks = dist.get_rank(process_group), dist.get_world_size(process_group)
+    return Sink(path, rank, ranks)
