@@ -16,10 +16,10 @@ from typing import Optional
 
 from canary_instrument.runtime.errors import CanaryViolationError
 from canary_instrument.runtime.reports.readback import DelayedReadback, Snapshot
-from canary_instrument.runtime.passes.state import KERNEL_SWEEP, REASON_NAMES
+from canary_instrument.runtime.passes.state import KERNEL_SWEEP
 from canary_instrument.runtime.passes.status import PublishedWords
 from canary_instrument.runtime.step.steps import STEPS_REMEMBERED
-from canary_instrument.runtime.reports.summary import Window
+from canary_instrument.runtime.reports.summary import Window, by_reason, count_values
 from canary_instrument.runtime.reports.violations import Violation
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -42,15 +42,9 @@ class ReasonCounts:
         if self._pending:
             import numpy as np
 
-            values, counts = np.unique(np.concatenate(self._pending), return_counts=True)
-            self.bits.update(dict(zip(values.tolist(), counts.tolist())))
+            self.bits.update(count_values(np.concatenate(self._pending)))
             self._pending = []
-        counts: Counter = Counter()
-        for bits, count in self.bits.items():
-            for bit, name in REASON_NAMES.items():
-                if bits & bit:
-                    counts[name] += count
-        return tuple((name, counts[name]) for name in REASON_NAMES.values() if counts[name])
+        return by_reason(self.bits)
 
 
 class Reporter:
@@ -67,8 +61,6 @@ class Reporter:
         self._sink = sink
         self._sglang_lines = line_format == "sglang"
         self.reasons = ReasonCounts()
-        self.read_total = 0  # records decoded
-        self.dropped_total = 0  # records past the ring's capacity before they were read
         self.logged_total = 0  # violations logged in full
         self._classes: set = set()  # (reason bits, kernel, group) already logged in full
         self._step_lines = (-1, 0)  # (step, violations logged in full for it)
@@ -115,8 +107,6 @@ class Reporter:
         import numpy as np
 
         n = len(records)
-        self.read_total += n
-        self.dropped_total += dropped
         bits = records[:, 6]
         self.reasons.add(bits.copy())
         # The first record of each (reasons, kernel, group) class not logged before, then the first few.

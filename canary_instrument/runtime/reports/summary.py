@@ -53,6 +53,25 @@ class SummaryLine(LogLine):
                    slots=int(values["slots"]), dropped=int(values["dropped"]))
 
 
+def count_values(values) -> dict:
+    """{value: how many times} of an int array."""
+    import numpy as np
+
+    found, counts = np.unique(values, return_counts=True)
+    return dict(zip(found.tolist(), counts.tolist()))
+
+
+def by_reason(bit_counts) -> tuple:
+    """((reason, count), ...) in reason-bit order from counts by reason bits; a record with two reasons
+    counts for both, reasons with no record are left out."""
+    counts: Counter = Counter()
+    for bits, count in bit_counts.items():
+        for bit, name in REASON_NAMES.items():
+            if bits & bit:
+                counts[name] += count
+    return tuple((name, counts[name]) for name in REASON_NAMES.values() if counts[name])
+
+
 class Window:
     """The interval since the last summary: what was logged in full, and the records withheld (kept as arrays
     and counted once, when the summary is written: a flood's steps pay only for a copy)."""
@@ -85,16 +104,10 @@ class Window:
         import numpy as np
 
         columns = np.concatenate(self._records) if self._records else np.zeros((0, 4), dtype=np.int64)
-        reasons = Counter()
-        for bits, count in zip(*(a.tolist() for a in np.unique(columns[:, 2], return_counts=True))):
-            for bit, name in REASON_NAMES.items():
-                if bits & bit:
-                    reasons[name] += count
-        order = list(REASON_NAMES.values())
         kernels = zip(*(a.tolist() for a in np.unique(columns[:, 0], return_counts=True)))
         return SummaryLine(
             first_step=self.first_step or 0, last_step=self.last_step, withheld=self.withheld, logged=self.logged,
-            reasons=tuple(sorted(reasons.items(), key=lambda item: order.index(item[0]))),
+            reasons=by_reason(count_values(columns[:, 2])),
             kernels=tuple((KERNEL_NAMES.get(k, f"kernel{k}"), c) for k, c in kernels),
             req_rows=len(np.unique(columns[:, 3])), slots=len(np.unique(columns[:, 1])), dropped=self.dropped,
         )
