@@ -77,11 +77,8 @@ def uncovered_forwards(paths, catalog: Catalog) -> list[Finding]:
 
 def uncovered_graph(paths, catalog: Catalog):
     """(the check's result, the call graph CI301 judged the tree by; None when the tree holds no trigger)."""
-    from canary_instrument.rewrite.analysis.callgraph import CallGraph
-
     result, scan = _checked(paths, catalog, None)
-    files = [(r.path, r.reach) for r in scan.reports.values() if r is not None and r.reach is not None]
-    return result, CallGraph(files) if files else None
+    return result, scan.call_graph()
 
 
 def tree_findings(reports: list[FileReport], catalog: Catalog) -> list[Finding]:

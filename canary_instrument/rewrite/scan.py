@@ -163,9 +163,21 @@ class Scan:
 
     def uncovered(self, reports: dict[str, FileReport]) -> list[Finding]:
         """CI301's findings over the analysed files (on the call graph `expand` built, when it holds them all)."""
-        files = [(r.path, r.reach) for r in reports.values() if r.reach is not None]
+        files = self._reach_files(reports)
         graph = self.graph if self.graph is not None and len(self.graph.files) == len(files) else None
         return uncovered_findings(files, self.catalog, graph)
+
+    def call_graph(self) -> CallGraph | None:
+        """The call graph of every analysed file (the one `expand` built, when it holds them all); None
+        when no file is in it."""
+        files = self._reach_files({k: r for k, r in self.reports.items() if r is not None})
+        if self.graph is not None and len(self.graph.files) == len(files):
+            return self.graph
+        return CallGraph(files) if files else None
+
+    @staticmethod
+    def _reach_files(reports: dict[str, FileReport]) -> list:
+        return [(r.path, r.reach) for r in reports.values() if r.reach is not None]
 
     def handed_off(self) -> None:
         """Analyse the files a model runner hands itself to for graph capture, as apply does: wherever they
