@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog, path_matches
+from canary_instrument.rewrite.analysis.tree import split_lines
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.rules import ci401_unused_noqa
 
@@ -27,7 +28,7 @@ def noqa_directives(text: str) -> dict[int, tuple[int, frozenset[str] | None]]:
     found = {}
     if "noqa" not in text.lower():
         return found
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(split_lines(text), start=1):  # lines as findings number them
         if "noqa" in line.lower():
             match = NOQA.search(line)
             if match is not None:

@@ -98,3 +98,10 @@ def test_exit_codes_follow_what_is_left(tree):
     tree.write({"pkg/srt/utils.py": "X = 1  # noqa: CI301\n"})
     stale = CliRunner().invoke(main, ["check", "--no-cache", "--format", "json", str(tree.root)])
     assert stale.exit_code == 1 and '"code": "CI401"' in stale.output
+
+
+def test_directives_are_numbered_as_findings_are_even_past_a_form_feed():
+    from canary_instrument.rewrite.suppressions import noqa_directives
+
+    # str.splitlines would count the form feed as a line break and put the directive on line 3.
+    assert noqa_directives("x = 1\x0c\ny = 2  # noqa: CI301, e501\n") == {2: (8, frozenset({"CI301", "E501"}))}
