@@ -112,7 +112,8 @@ class CanaryManager:
         self._readback = DelayedReadback(self._status, state.ring)
         self.reporter = Reporter(
             mode=settings.mode, ring_size=settings.ring_size, readback=self._readback, published=self.published,
-            lines_per_step=settings.lines_per_step, summary_interval=settings.summary_interval,
+            lines_per_step=settings.lines_per_step,
+            lines_per_interval=settings.lines_per_interval, summary_interval=settings.summary_interval,
             sink=open_sink(settings.violation_sink, process_group), line_format=settings.log_format,
         )
         self.health = HealthCheck()

@@ -240,6 +240,18 @@ def test_a_flood_logs_a_bounded_number_of_full_lines_and_summarises_the_rest_exa
     assert runner.canary_manager.stats_line().logged == len(logged)
 
 
+def test_a_flood_that_lasts_logs_a_few_lines_an_interval_not_the_step_bound_at_every_step(dev, canary_log):
+    runner, every = _flood(dev, steps=12, kv_canary_log_lines_per_step=2, kv_canary_log_lines_per_interval=3,
+                           kv_canary_summary_interval=1000)
+    logged = Violation.find_all(canary_log.text)
+    classes = {(v.reasons, v.kernel, v.group) for v in every}
+    # New classes still show in full; everything else of the interval went into its summary.
+    assert {(v.reasons, v.kernel, v.group) for v in logged} == classes
+    assert len(logged) <= max(3, len(classes)) < len(every)
+    [summary] = SummaryLine.find_all(canary_log.text)
+    assert summary.withheld + summary.logged == len(every) and summary.logged == len(logged)
+
+
 def test_the_sink_holds_every_violation_as_json(dev, tmp_path):
     sink = tmp_path / "violations" / "run.jsonl"
     runner, every = _flood(dev, kv_canary_log_lines_per_step=0, kv_canary_violation_sink=str(sink))

@@ -1,8 +1,9 @@
 """Violations from the ring to the user: decode the records, label them with their step, then log them
 or keep them to raise, and keep the ones ``flush()`` returns.
 
-A flood stays readable and cheap: per step at most ``lines_per_step`` violations are logged in full, and
-the first of each new class (reasons, kernel, group) always is; the rest are counted into a summary line
+A flood stays readable and cheap: at most ``lines_per_step`` violations a step, and ``lines_per_interval``
+a summary interval, are logged in full, and the first of each new class (reasons, kernel, group) always
+is; the rest are counted into a summary line
 every ``summary_interval`` steps (summary.py), records are decoded into objects only where a line, the
 sink or ``flush()`` needs one, and the totals stay exact. Raise mode raises at the end of the step that
 read the first violation, with a bounded message.
@@ -19,7 +20,7 @@ from canary_instrument.runtime.reports.readback import DelayedReadback, Snapshot
 from canary_instrument.runtime.passes.state import KERNEL_SWEEP
 from canary_instrument.runtime.passes.status import PublishedWords
 from canary_instrument.runtime.step.steps import STEPS_REMEMBERED
-from canary_instrument.runtime.reports.summary import Window, by_reason, count_values
+from canary_instrument.runtime.reports.summary import Window, by_reason, count_values, distinct
 from canary_instrument.runtime.reports.violations import Violation
 
 logger = logging.getLogger("canary_instrument.runtime")
@@ -51,12 +52,14 @@ class Reporter:
     """Reads new ring records as violations and reports them in the manager's mode (log or raise)."""
 
     def __init__(self, *, mode: str, ring_size: int, readback: DelayedReadback, published: PublishedWords,
-                 lines_per_step: int = 8, summary_interval: int = 100, sink=None, line_format: str = "canary"):
+                 lines_per_step: int = 8, lines_per_interval: int = 32, summary_interval: int = 100, sink=None,
+                 line_format: str = "canary"):
         self._raise = mode == "raise"
         self._ring_size = ring_size
         self._readback = readback
         self._published = published
         self._lines_per_step = lines_per_step
+        self._lines_per_interval = lines_per_interval
         self._summary_interval = summary_interval
         self._sink = sink
         self._sglang_lines = line_format == "sglang"
@@ -109,23 +112,7 @@ class Reporter:
         n = len(records)
         bits = records[:, 6]
         self.reasons.add(bits.copy())
-        # The first record of each (reasons, kernel, group) class not logged before, then the first few.
-        kinds, firsts = np.unique((bits << 8) | (records[:, 0] << 2) | (records[:, 1] >> 1), return_index=True)
-        full = {i for kind, i in zip(kinds.tolist(), firsts.tolist()) if kind not in self._classes}
-        self._classes.update(kinds.tolist())
-        if self._step_lines[0] != step:
-            self._step_lines = (step, 0)
-        room = max(0, self._lines_per_step - self._step_lines[1])
-        i = 0
-        while room and i < n:  # the bound's lines: the first records the new classes did not already take
-            if i not in full:
-                full.add(i)
-                room -= 1
-            i += 1
-        full_index = sorted(full)
-        self._step_lines = (step, self._step_lines[1] + len(full_index))
-        withheld = np.ones(n, dtype=bool)
-        withheld[full_index] = False
+        full_index = self._full_lines(records, step)
         steps = np.where(records[:, 0] == KERNEL_SWEEP, sweep_step, step)
 
         def violations(index) -> list[Violation]:
@@ -139,31 +126,52 @@ class Reporter:
             self._kept.append((records[:kept_room].copy(), steps[:kept_room].copy()))
             self._kept_rows += min(n, kept_room)
         self._kept_dropped += max(0, n - kept_room)
-        extra = []
-        if dropped:
-            extra.append(
-                f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
-                f"(KV_CANARY_RING_SIZE={self._ring_size}); counted in the totals, never decoded"
-            )
-        rest = int(withheld.sum())
+        rest = n - len(full_index)
         if self._raise:
             # The step's violations go up in one error; its message is bounded like the log.
             self._pending.extend(logged)
-            self._pending_lines.extend(extra)
+            if dropped:
+                self._pending_lines.append(self._dropped_line(dropped, step))
             if rest:
                 self._pending_lines.append(f"... and {rest} more violations at step {step}")
             return
         window = self._window
         if self._window_start is None:
             self._window_start = step
+        if dropped and not window.dropped:  # the interval's first drop in full; the summary counts them all
+            logger.error("%s", self._dropped_line(dropped, step))
         window.dropped += dropped
         window.logged += len(logged)
-        window.withhold(records[withheld], step)
+        window.withhold(np.delete(records, full_index, axis=0) if full_index else records, step)
         self.logged_total += len(logged)
         for v in logged:
             logger.error("%s", v.format_sglang() if self._sglang_lines else v.format())
-        for line in extra:
-            logger.error("%s", line)
+
+    def _full_lines(self, records, step: int) -> list[int]:
+        """Which records are logged in full: the first of each (reasons, kernel, group) class not logged
+        before, then the first others while the step's and the interval's bounds leave room."""
+        import numpy as np
+
+        keys = (records[:, 6] << 8) | (records[:, 0] << 2) | (records[:, 1] >> 1)
+        new = [key for key in distinct(keys).tolist() if key not in self._classes]
+        self._classes.update(new)
+        full = {int(np.argmax(keys == key)) for key in new}
+        if self._step_lines[0] != step:
+            self._step_lines = (step, 0)
+        room = min(self._lines_per_step - self._step_lines[1], self._lines_per_interval - self._window.logged)
+        i = 0
+        while room > 0 and i < len(records):
+            if i not in full:
+                full.add(i)
+                room -= 1
+            i += 1
+        index = sorted(full)
+        self._step_lines = (step, self._step_lines[1] + len(index))
+        return index
+
+    def _dropped_line(self, dropped: int, step: int) -> str:
+        return (f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
+                f"(KV_CANARY_RING_SIZE={self._ring_size}); counted in the totals, never decoded")
 
     def end_step(self, step: int) -> None:
         """A summary of what the interval withheld, once ``summary_interval`` steps have passed since it began."""

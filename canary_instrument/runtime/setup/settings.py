@@ -17,6 +17,7 @@ from canary_instrument.runtime.perturb.perturb_settings import PerturbSettings, 
 
 MODES = ("none", "log", "raise")
 DEFAULT_LINES_PER_STEP = 8
+DEFAULT_LINES_PER_INTERVAL = 32
 ALL_LINES = 1 << 62  # no bound
 LOG_FORMATS = ("canary", "sglang")
 REAL_KV_MODES = ("none", "partial", "all")
@@ -75,6 +76,9 @@ class CanarySettings:
     # DEFAULT_LINES_PER_STEP, or every violation while self-test perturbations are armed (their score reads
     # each injection's lines back from the log)
     log_lines_per_step: Optional[int] = None
+    # [kv_canary_log_lines_per_interval / KV_CANARY_LOG_LINES_PER_INTERVAL] the same bound per summary interval,
+    # so a bug that fires at every step logs a few lines an interval, not lines_per_step at every step
+    log_lines_per_interval: Optional[int] = None
     # [kv_canary_summary_interval / KV_CANARY_SUMMARY_INTERVAL] steps between summaries of what was withheld
     summary_interval: int = 100
     # [kv_canary_violation_sink / KV_CANARY_VIOLATION_SINK] a file to append every violation to as JSON, "" = off
@@ -94,6 +98,13 @@ class CanarySettings:
         if self.log_lines_per_step is not None:
             return self.log_lines_per_step
         return ALL_LINES if self.perturb.enabled else DEFAULT_LINES_PER_STEP
+
+    @property
+    def lines_per_interval(self) -> int:
+        """The log's bound on full violation lines per summary interval, as set or as its default says."""
+        if self.log_lines_per_interval is not None:
+            return self.log_lines_per_interval
+        return ALL_LINES if self.perturb.enabled else DEFAULT_LINES_PER_INTERVAL
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
@@ -199,6 +210,9 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
         ("kv_canary_token_oracle_seed",), ("SGLANG_KV_CANARY_TOKEN_ORACLE_SEED",), _non_negative_int,
     ),
     "log_lines_per_step": (("kv_canary_log_lines_per_step",), ("KV_CANARY_LOG_LINES_PER_STEP",), _non_negative_int),
+    "log_lines_per_interval": (
+        ("kv_canary_log_lines_per_interval",), ("KV_CANARY_LOG_LINES_PER_INTERVAL",), _non_negative_int,
+    ),
     "summary_interval": (("kv_canary_summary_interval",), ("KV_CANARY_SUMMARY_INTERVAL",), _positive_int),
     "violation_sink": (("kv_canary_violation_sink",), ("KV_CANARY_VIOLATION_SINK",), lambda name, value: str(value)),
     "log_format": (("kv_canary_log_format",), ("KV_CANARY_LOG_FORMAT",), _choice(LOG_FORMATS)),
