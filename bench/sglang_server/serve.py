@@ -2,6 +2,7 @@
 
     python bench/sglang_server/serve.py correctness --layout mha --out r.json [--perturb 0.02] [--prefill-graph default]
     python bench/sglang_server/serve.py cost --out r.json [--kv-canary log]
+    python bench/sglang_server/serve.py stall --out r.json [--kv-canary log]
 
 Which sglang runs is whatever ``import sglang`` finds: ``gpu.sh`` puts the applied copy first on
 ``PYTHONPATH`` for our canary and the unmodified release for canary off and sglang's own canary, and
@@ -167,9 +168,37 @@ def cost(args) -> dict:
             "short": args.short, "long": args.long, "engine_start_s": round(started, 1), "shapes": shapes}
 
 
+def stall(args) -> dict:
+    """Each batch bucket reached for the first time in an eager decode: decode graphs only for batch 1, then
+    waves of 2, 4, ... 256 requests (every power of two a plan width can take), each decoding 32 tokens.
+    The scheduler logs every decode step (``decode_log_interval=1``): report.py takes the largest step from
+    those lines; the waves' wall times are recorded here. Run it with an empty Triton cache
+    (``TRITON_CACHE_DIR``), as on a machine that never compiled the canary's kernels."""
+    import sglang
+
+    model, _ = LAYOUTS["mha"]
+    kw = engine_args(args, write_model(model, Path(args.models)), None)
+    kw.update(max_running_requests=256, cuda_graph_bs_decode=[1], chunked_prefill_size=8192, decode_log_interval=1)
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**kw)
+    started = time.perf_counter() - t0
+    rng = random.Random(args.seed)
+    waves = []
+    for batch in [1, 2, 4, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256]:
+        prompts = [[rng.randrange(1, 32000) for _ in range(rng.randint(16, 128))] for _ in range(batch)]
+        params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
+        print(f"stall: begin batch {batch}", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        engine.generate(input_ids=prompts, sampling_params=params)
+        waves.append({"batch": batch, "wave_s": round(time.perf_counter() - t, 3)})
+        print(f"stall: end batch {batch}", file=sys.stderr, flush=True)
+    engine.shutdown()
+    return {"kind": "stall", "kv_canary": args.kv_canary, "engine_start_s": round(started, 1), "waves": waves}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["correctness", "cost"])
+    parser.add_argument("what", choices=["correctness", "cost", "stall"])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="mha")
     parser.add_argument("--kv-canary", default="log", choices=["none", "log", "raise"])
@@ -194,7 +223,7 @@ def main() -> None:
     os.environ.setdefault("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "100")
     result = {"argv": sys.argv[1:], **which_sglang()}
     try:
-        result.update(correctness(args) if args.what == "correctness" else cost(args))
+        result.update({"correctness": correctness, "cost": cost, "stall": stall}[args.what](args))
         result["ok"] = True
     except Exception as exc:  # the report shows the failure; gpu.sh goes on with the next run
         import traceback

@@ -94,7 +94,7 @@ def wrong_token(sc, rng):
     req = rng.choice([r for r in sc.requests if r.prefix - margin > 0])
     p = rng.randrange(req.prefix - margin)
     sc.state.target_rows[req.full_slots[p + 1], 0] += 1
-    return Target(0, p, req.pool_index)
+    return Target(0, p + 1, req.pool_index)  # reported at the target's row, where the token is wrong
 
 
 def bad_swa_mapping(sc, rng):

@@ -42,3 +42,34 @@ def test_triton_and_torch_backends_agree(layout, dev, monkeypatch):
     reasons = set().union(*(v.reasons for v in found_t))
     assert {"fingerprint", "token", "position"} <= reasons
     assert {v.position for v in found_t if "fingerprint" in v.reasons} == {1}
+
+
+@pytest.mark.gpu
+def test_the_first_launch_of_a_kind_compiles_every_batch_bucket(monkeypatch):
+    """Growing batches of an eager forward compile nothing new: the first launch of each kind compiled
+    every plan width up to the req pool's size (no serving step stops to compile a new batch bucket)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device; none is visible")
+    from canary_instrument.runtime.passes.triton_ops import load_kernel_module, state_spec
+
+    monkeypatch.delenv("KV_CANARY_BACKEND", raising=False)
+    runner = MiniRunner(server_args(kv_canary_backend="triton"), device="cuda", max_reqs=100, size=2048)
+    sched = Scheduler(runner)
+    mark_init_finished(runner.canary_manager)
+    module = load_kernel_module(state_spec(runner.canary_manager.state))
+
+    def compiled() -> int:
+        return sum(len(kernel.device_caches[0][0]) for kernel in (module.canary_pre_forward, module.canary_post_forward))
+
+    first = [sched.new_request([1, 2, 3])]
+    runner.forward_and_sample(sched.extend(first), [7])
+    runner.forward_and_sample(sched.decode(first, [7]), [8])
+    after_first = compiled()
+    assert after_first >= 2 * 4  # 16, 32, 64 and 128 lanes for 99 requests, both passes
+    reqs = first + [sched.new_request([5, 6]) for _ in range(70)]
+    runner.forward_and_sample(sched.extend(reqs[1:]), list(range(70)))
+    runner.forward_and_sample(sched.decode(reqs, [9] * 71), [3] * 71)
+    assert compiled() == after_first
+    assert runner.canary_manager.flush() == []

@@ -227,9 +227,12 @@ def test_draft_extend_without_the_rotation_is_caught(dev):
     found = e.draft.canary_manager.flush()
     assert found and {v.reasons for v in found} == {frozenset({"token"})}
     assert {v.kernel for v in found} == {"pre_forward"}
-    # Positions 0..4 are checked against the target's rows 1..5 (row 5's token 6 sits at draft
-    # position 5, whose target row 6 does not exist yet).
-    assert sorted({(v.position, v.stored, v.expected) for v in found}) == [(p, p + 1, p + 2) for p in range(5)]
+    # Draft positions 0..4 are checked against the target's rows 1..5 (row 5's token 6 sits at draft
+    # position 5, whose target row 6 does not exist yet), each reported at the target's row: its token
+    # stored, the draft's expected (a disagreement names no culprit; docs/runtime.md, "EAGLE").
+    assert sorted({(v.position, v.stored, v.expected) for v in found}) == [(p, p + 1, p) for p in range(1, 6)]
+    slots = {reqs[0].slots[p] for p in range(1, 6)}
+    assert {v.slot for v in found} == slots
 
 
 def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
@@ -239,11 +242,13 @@ def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
     _eagle_round(e, reqs, [10, 11], [[20, 21], [50, 51]], (1, 1), [30, 60], swap_first=True)
     found = e.draft.canary_manager.flush()
     assert e.target.canary_manager.flush() == []  # the target's own rows are consistent
-    # The draft's row of position n - 1 holds the sampled token n; the target's row n got the other request's.
+    # The draft's row of position n - 1 holds the sampled token n; the target's row n got the other request's,
+    # and that is where it is reported: the request, position and slot the swapped token landed at.
     assert {(v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
-        (reqs[0].row, 3, 10, 11),
-        (reqs[1].row, 4, 11, 10),
+        (reqs[0].row, 4, 11, 10),
+        (reqs[1].row, 5, 10, 11),
     }
+    assert {(v.req_pool_index, v.slot) for v in found} == {(reqs[0].row, reqs[0].slots[4]), (reqs[1].row, reqs[1].slots[5])}
     assert {v.reasons for v in found} == {frozenset({"token"})}
 
 

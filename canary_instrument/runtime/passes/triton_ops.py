@@ -85,6 +85,28 @@ def _power_of_two(name: str, value: int | None, minimum: int) -> None:
 
 
 MIN_MAX_BS = 16
+COMPILE_THREADS = 8
+
+
+def compile_plan_widths(kernel, args: list, grid: tuple, options: dict, max_reqs: int) -> None:
+    """Compile ``kernel`` for every plan width a batch of up to ``max_reqs`` requests can need, in parallel
+    threads, without launching it. Called at the first launch of each signature (in sglang, during start-up:
+    CUDA graph capture meets each forward kind), so no later forward, eager or captured, stops to compile a
+    new batch-size bucket."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    widths = [MIN_MAX_BS << i for i in range(plan_width(max_reqs).bit_length() - MIN_MAX_BS.bit_length() + 1)]
+    try:  # Triton's own parallel compile (its compiles run in the pool; warmup() only submits them)
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        AsyncCompileMode = None
+    if AsyncCompileMode is None:
+        for width in widths:
+            kernel.warmup(*args, grid=grid, MAX_BS=width, **options)
+        return
+    with ThreadPoolExecutor(max_workers=min(COMPILE_THREADS, len(widths))) as pool, AsyncCompileMode(pool):
+        for width in widths:
+            kernel.warmup(*args, grid=grid, MAX_BS=width, **options)
 
 
 def plan_width(num_reqs: int) -> int:
@@ -158,6 +180,7 @@ class TritonCanaryOps:
         # Benchmarks and tests: layers the post pass fingerprints at once (wide blocks, blocks of a few lanes).
         self.layer_chunk = layer_chunk
         self.few_layers = few_layers
+        self._compiled: set = set()  # launch signatures whose every plan width is compiled
 
     def pre_forward(self, state: CanaryState, plan: PlanInputs, input_ids: torch.Tensor) -> None:
         spec = state_spec(state)
@@ -251,23 +274,31 @@ class TritonCanaryOps:
         else:
             args += [ring, 0, ring, 1, ring]
         device = state.req_to_token.device
+        options = dict(
+            RING_SIZE=ring.shape[0],
+            EXPECTED=expected_mode,
+            FILE_SAMPLES=file_samples,
+            BLOCK=block,
+            FP_WORDS=fp_words,
+            FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
+            LAYER_CHUNK=layer_chunk,
+            FEW=min(FEW, block // 2),
+            FEW_LAYERS=few_layers,
+            PUBLISH=publish,
+            STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
+            num_warps=self.num_warps or launch.num_warps,
+            **self.options,
+        )
+        grid = (self._grid(device, launch),)
         try:
-            kernel[(self._grid(device, launch),)](
-                *args,
-                RING_SIZE=ring.shape[0],
-                EXPECTED=expected_mode,
-                FILE_SAMPLES=file_samples,
-                MAX_BS=plan_width(plan.num_reqs),
-                BLOCK=block,
-                FP_WORDS=fp_words,
-                FP_CHUNK=min(MAX_FP_CHUNK, _next_pow2(max(1, fp_words))),
-                LAYER_CHUNK=layer_chunk,
-                FEW=min(FEW, block // 2),
-                FEW_LAYERS=few_layers,
-                PUBLISH=publish,
-                STATUS_BLOCK=_next_pow2(state.status.shape[0]) if publish else 1,
-                num_warps=self.num_warps or launch.num_warps,
-                **self.options,
-            )
+            if device.type == "cuda":
+                # Dtypes differ by forward kind (decode reads positions, extend its prefix lengths), and
+                # the rest of the signature is the state's own.
+                signature = (kernel_name, id(state), expected_mode, file_samples, out_loc is None, leading[0].dtype if leading else None,
+                             plan.req_pool_indices.dtype, plan.prefix_lens.dtype, extend.dtype)
+                if signature not in self._compiled:
+                    self._compiled.add(signature)
+                    compile_plan_widths(kernel, args, grid, options, state.req_to_token.shape[0] - 1)
+            kernel[grid](*args, MAX_BS=plan_width(plan.num_reqs), **options)
         except Exception as exc:
             raise annotate(exc, [str((self.kernel_dir or kernels_dir()) / spec.filename)])

@@ -133,9 +133,14 @@ def incoming_link(state, group, req_pool, pos) -> torch.Tensor:
     return torch.where(pos > 0, derived, seed_like(derived))
 
 
-def ring_records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected) -> torch.Tensor:
+def ring_records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected, landed=None) -> torch.Tensor:
+    """One record a failing entry; ``landed``: (mask, slot) of entries reported at the next position's slot."""
     record_slot = torch.where(slots.full_ok & ~slots.map_ok, slots.full_raw, slots.slot)
     record_slot = torch.where(slots.full_ok, record_slot, slots.full_raw)
+    if landed is not None:
+        at_next, slot = landed
+        record_slot = torch.where(at_next, slot, record_slot)
+        pos = torch.where(at_next, pos + 1, pos)
     cols = [
         torch.full_like(pos, kernel_id),
         torch.full_like(pos, group.group * 2 + group.half),

@@ -98,7 +98,16 @@ def verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: Batch,
     ):
         stored = torch.where(bad, s, stored)
         expected = torch.where(bad, e, expected)
-    return ring_records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected), slots
+    landed = None
+    if kernel_id == KERNEL_PRE and state.target_rows is not None and group.group != GROUP_SWA:
+        # A draft row whose only fault is its token disagreeing with the target's row of the next position is
+        # reported where a corrupted verify input lands: the target's slot and position, the target's token as
+        # stored, the draft's as expected (as the kernel does).
+        at_target = reasons == TOKEN
+        col = (pos + 1).clamp(max=state.req_to_token.shape[1] - 1)
+        landed = (at_target, state.req_to_token[req_pool, col].long())
+        stored, expected = torch.where(at_target, expected, stored), torch.where(at_target, stored, expected)
+    return ring_records(kernel_id, group, req_pool, pos, slots, reasons, stored, expected, landed), slots
 
 
 def identity_and_write_side(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: Batch,
