@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-sglang run on the GPU machine, from the repository root:
 #
-#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, corpus1, corpus2, cost-a, cost-b)
+#     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
+#                                                    corpus1, corpus2, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -124,6 +125,33 @@ for suite in "$@"; do
         watched flood-clean-again "$OURS" 300 "${flood[@]}"
         watched raise-bug "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}" --kv-canary raise
         ;;
+    stall)
+        # Each batch bucket first reached in an eager decode (serve.py stall): ours and canary off, each with an
+        # empty Triton cache (a machine that never compiled anything), then ours again with its cache kept.
+        for way in ours off ours-cached; do
+            path=$OURS; extra=(); [ $way = off ] && { path=$RELEASE; extra=(--kv-canary none); }
+            export TRITON_CACHE_DIR=$WORK/triton-${way%-cached}
+            [ $way = ours-cached ] || rm -rf "$TRITON_CACHE_DIR"
+            run "stall-$way" "$path" stall "${extra[@]}"
+        done
+        unset TRITON_CACHE_DIR
+        ;;
+    attrib)
+        # Every perturbation kind on MHA, MLA, SWA and EAGLE (the attribution table), beside the hang probe:
+        # the radix prefix-match bug served three ways with the idle sweep on, each run watched (watch.py).
+        for layout in mha mla swa eagle; do
+            run "$layout-perturb" "$OURS" correctness --layout "$layout" --perturb 0.02 --kv-canary-sweep-interval 16 \
+                --decode-steps 1000 --mem-fraction 0.9 &
+        done
+        ours=$(buggy radix_match_short-ours radix_match_short "$WORK/ours")
+        release=$(buggy radix_match_short-release radix_match_short "$WORK/site")
+        [ -n "$ours" ] && [ -n "$release" ] || exit 2
+        probe=(correctness --layout mha --decode-steps 1000 --mem-fraction 0.9)
+        watched hang.ours "$ours:$REPO:$WORK/site" 420 "${probe[@]}" --kv-canary-sweep-interval 16 &
+        watched hang.upstream "$release:$WORK/site" 420 "${probe[@]}" --kv-canary-sweep-interval 16 &
+        watched hang.off "$release:$WORK/site" 420 "${probe[@]}" --kv-canary none &
+        wait
+        ;;
     corpus1|corpus2)
         # Each bug of the suite's half of the corpus (bugs.py) served three ways at once: ours (log),
         # sglang's own canary (log), canary off. Every run is watched (watch.py): a hang is dumped and killed.
@@ -140,7 +168,7 @@ for suite in "$@"; do
         done
         if [ "$suite" = corpus2 ]; then  # FlashInfer's attention (its JIT builds with the image's nvcc), clean
             watched fi-mha-clean "$OURS" 480 correctness --layout mha --attention-backend flashinfer \
-                --decode-steps 1500 --mem-fraction 0.9 &
+                --decode-steps 1000 --mem-fraction 0.9 &
         fi
         wait
         ;;
