@@ -168,7 +168,7 @@ for suite in "$@"; do
         done
         if [ "$suite" = corpus2 ]; then  # FlashInfer's attention (its JIT builds with the image's nvcc), clean
             watched fi-mha-clean "$OURS" 480 correctness --layout mha --attention-backend flashinfer \
-                --decode-steps 1000 --mem-fraction 0.9 &
+                --decode-steps 1500 --mem-fraction 0.9 &
         fi
         wait
         ;;
