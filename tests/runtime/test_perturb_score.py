@@ -68,3 +68,13 @@ def test_score_log_reads_both_line_kinds():
     log = "\n".join([flip.format(), vio().format(), vio(step=6, slot=41).format()])
     result = score_log(log)
     assert (result.injected, result.reported, len(result.unattributed)) == (1, 1, 1)
+
+
+def test_a_flipped_row_bit_read_by_an_eagle_draft_is_attributed_to_it():
+    """The draft compares its token with the target's token word, where row_high_bit flipped a high bit."""
+    flipped = inj("row_high_bit", step=5, slot=7, position=6, req=1, group="full", half="k", bit=40)
+    by_draft = [vio(step=9, slot=7, position=6, req=r, reasons=("token",), half=h) for r in (1, 12) for h in "kv"]
+    elsewhere = vio(step=9, slot=8, position=6, req=1, reasons=("token",))
+    result = score([flipped], [*by_draft, elsewhere])
+    assert result.kinds["row_high_bit"].reported == 1
+    assert result.unattributed == [elsewhere]

@@ -7,7 +7,7 @@ An injection is reported by a violation of the same or a later step that names w
 | req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
 | real_kv_used, real_kv_post_forward, real_kv_unused_cache, real_kv_layer | the flipped slot, in the same group and half, reason ``fingerprint`` |
 | fingerprint_zeroed | the slot, in the same group and half, reason ``unwritten`` |
-| row_high_bit | the slot, in the same group and half, reason ``row_bits`` |
+| row_high_bit | the slot, in the same group and half, reason ``row_bits``; or an EAGLE draft's comparison with that target row (FULL group, ``token``, pre-forward, at the slot), whose token word carries the flipped bit |
 | next_token_swap | reason ``token`` (or ``oracle``, with the token oracle on) at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
 | req_row_swap | reason ``identity``, ``link``, ``position`` or ``swa_unmapped`` of either request (the longer one reads the shorter one's slots, outside whose window the SWA group holds nothing; the shorter one's row at ``length`` chains from the other's history) |
 | write_slot | reason ``write_slot`` at either swapped (request, position) |
@@ -44,6 +44,9 @@ def matches(injection: Injection, violation: Violation) -> bool:
             violation.position == injection.position + 1 and "link" in reasons
         )
     if injection.kind in _AT_SLOT:
+        if (injection.kind == "row_high_bit" and reasons == {"token"} and violation.kernel == "pre_forward"
+                and violation.group == injection.group == "full" and violation.slot == injection.slot):
+            return True  # a draft reads the target's token word, high bit and all (docs/runtime.md, "EAGLE")
         return (
             _AT_SLOT[injection.kind] in reasons
             and violation.slot == injection.slot
