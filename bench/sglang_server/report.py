@@ -42,7 +42,7 @@ SHAPE = re.compile(r"cost: begin batch (\d+) context (\d+)\n(.*?)cost: end batch
 # same code as "off": how far it lands from "off" is the measurement's own noise.
 WAYS = {"off": "canary off", "ours": "ours", "upstream": "sglang's own", "off-again": "canary off, again"}
 # Suites whose runs are correctness rows (also a run named fi-*: FlashInfer's attention, in the corpus suite).
-CORRECTNESS_SUITES = ("correctness", "correctness2", "gate")
+CORRECTNESS_SUITES = ("correctness", "correctness2", "gate", "attrib")
 
 
 def read_runs(folder: Path) -> dict[str, dict[str, dict]]:
@@ -176,18 +176,22 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
                    f"{r['forwards']} | {r['decode_steps']} | {r['requests']} | {r['generated_tokens']} | "
                    f"{r['cached_tokens']} | {r['installed_lines']} | {r['stats_lines']} | {r['violation_lines']} |")
     out += ["", "## Self-test perturbations (every kind armed at rate 0.02, sweep every 16 steps)", "",
-            f"Machine: {suites.get('correctness', {}).get(DEVICE, device)}.", "",
-            "| run | kind | injected | reported | missed | delay min/median/max (steps) |", "|---|---|---|---|---|---|"]
+            "Delays are in the steps of the manager that reported: on EAGLE, a report from the draft's comparison "
+            "with the target's rows counts the draft's forwards (several per target verify).", "",
+            "| run | machine | kind | injected | reported (%) | missed | delay min/median/max (steps) |",
+            "|---|---|---|---|---|---|---|"]
     for r in correctness:
         if "score" not in r:
             continue
         for kind, k in r["score"]["kinds"].items():
             delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
-            out.append(f"| {r['run']} | {kind} | {k['injected']} | {k['reported']} | {len(k['missed'])} | {delay} |")
+            share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
+            out.append(f"| {r['run']} | {r['device']} | {kind} | {k['injected']} | {k['reported']}{share} | "
+                       f"{len(k['missed'])} | {delay} |")
         s = r["score"]
-        out.append(f"| {r['run']} | **all** | {s['injected']} | {s['reported']} | {s['injected'] - s['reported']} | "
-                   f"violations {s['violations']}, unattributed {len(s['unattributed'])}, "
-                   f"not applied {s['not_applied']} |")
+        out.append(f"| {r['run']} | {r['device']} | **all** | {s['injected']} | {s['reported']} | "
+                   f"{s['injected'] - s['reported']} | violations {s['violations']}, unattributed "
+                   f"{len(s['unattributed'])}, not applied {s['not_applied']} |")
     out += ["", "## Cost per decode step (Llama-3-8B, 32 layers, bf16)", "",
             f"Machine: {suites.get('cost-a', {}).get(DEVICE, device)}.", "",
             "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
@@ -213,8 +217,42 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
     for r in cost:
         out.append(f"| {r['batch']} x {r['context']} | "
                    + " | ".join(f"{r[w]['difference_method_ms']:.3f}" for w in WAYS if w in r) + " |")
+    out += stall_markdown(suites)
     out += bugs_markdown(suites)
     return "\n".join(out) + "\n"
+
+
+def stall_markdown(suites: dict) -> list[str]:
+    """Each batch bucket first met in an eager decode (serve.py stall): the waves' wall times per way, and the
+    largest decode step of each run from the scheduler's per-step lines (a wave's first line spans the gap
+    since the last wave and its prefill, so it is left out)."""
+    runs = {name.removeprefix("stall-"): run for name, run in suites.get("stall", {}).items()
+            if name != DEVICE and run["json"]}
+    if not runs:
+        return []
+    ways = [w for w in ("off", "ours", "ours-cached") if w in runs]
+    labels = {"off": "canary off, empty Triton cache", "ours": "ours, empty Triton cache",
+              "ours-cached": "ours, its Triton cache kept"}
+    out = ["", "## First use of each batch bucket (no compile stall)", "",
+           f"Machine: {suites['stall'].get(DEVICE, '?')}. `serve.py stall`: MHA (Llama-3-8B heads, 4 layers), decode "
+           "CUDA graph for batch 1 only, so every larger decode is eager; waves of 1 to 256 requests (each power of "
+           "two a plan width takes, and one past it), 32 tokens each, `decode_log_interval=1`. Each engine starts "
+           "with an empty Triton cache but the last, which keeps ours's.", "",
+           "| wave (requests) | " + " | ".join(labels[w] + ", wave s" for w in ways) + " |",
+           "|---|" + "---|" * len(ways)]
+    waves = {w: {x["batch"]: x["wave_s"] for x in runs[w]["json"]["waves"]} for w in ways}
+    for batch in waves[ways[0]]:
+        out.append(f"| {batch} | " + " | ".join(str(waves[w].get(batch, "-")) for w in ways) + " |")
+    largest = []
+    for w in ways:
+        steps = []
+        for block in re.findall(r"stall: begin batch \d+\n(.*?)stall: end batch", runs[w]["log"], re.S):
+            lines = DECODE.findall(block)[1:]
+            steps += [int(r) / float(t) * 1e3 for r, _, t in lines if float(t) > 0]
+        largest.append(f"{max(steps):.2f} ms" if steps else "-")
+    out += ["| engine start (s) | " + " | ".join(str(runs[w]["json"]["engine_start_s"]) for w in ways) + " |",
+            "| largest decode step | " + " | ".join(largest) + " |"]
+    return out
 
 
 def first_meta(suites: dict) -> dict:
@@ -265,7 +303,7 @@ def bugs_markdown(suites: dict) -> list[str]:
     corpus = {name: run for suite in ("corpus1", "corpus2") for name, run in suites.get(suite, {}).items()
               if name != DEVICE and "." in name}
     flood = {name: run for name, run in suites.get("flood", {}).items() if name != DEVICE}
-    if not corpus and not flood:
+    if not corpus and not flood and "attrib" not in suites:
         return []
     device = suites.get("flood", suites.get("corpus1", {})).get(DEVICE, "?")
     out = ["", "## The canary under real bugs in sglang's KV bookkeeping", "",
@@ -277,16 +315,18 @@ def bugs_markdown(suites: dict) -> list[str]:
         out += ["", "### A flood: every decode step corrupts what every request reads (`decode_table_shift`)", "",
                 "One engine at a time, 3000 planned decode steps each, the same workload; *warm-up* is the first "
                 "engine on the machine (Triton compiles the canary's kernels for each batch bucket it meets).", "",
-                "| run | serving time (s) | violations (device total) | logged in full | summary lines |",
-                "|---|---|---|---|---|"]
+                "| run | serving time (s) | median decode step (ms) | violations (device total) | logged in full | "
+                "summary lines |", "|---|---|---|---|---|---|"]
         for name in ("flood-warmup", "flood-clean", "flood-bug", "flood-clean-again"):
             run = flood.get(name)
             if run is None or not run["json"]:
                 continue
             stats = StatsLine.find_all(run["log"])
             total = stats[-1].violations if stats else 0
-            out.append(f"| {name} | {run['json'].get('serve_s')} | {total} | {run['log'].count('kv_canary violation:')} | "
-                       f"{len(SummaryLine.find_all(run['log']))} |")
+            steps = [int(r) / float(t) * 1e3 for r, _, t in DECODE.findall(run["log"]) if float(t) > 0]
+            median = f"{statistics.median(steps):.3f}" if steps else "-"
+            out.append(f"| {name} | {run['json'].get('serve_s')} | {median} | {total} | "
+                       f"{run['log'].count('kv_canary violation:')} | {len(SummaryLine.find_all(run['log']))} |")
         clean = [flood[n]["json"]["serve_s"] for n in ("flood-clean", "flood-clean-again") if flood.get(n, {}).get("json")]
         bug = flood.get("flood-bug", {}).get("json")
         if clean and bug:
@@ -300,6 +340,15 @@ def bugs_markdown(suites: dict) -> list[str]:
                     f"{error.group(1)}` at the end of the step that read the first violation, its first line "
                     f"`{error.group(2)[:170]}`, and the engine's process exited ({watch.get('exit')}) "
                     f"{watch.get('elapsed_s')} s after it was started, engine start included."]
+    probe = {name: run for name, run in suites.get("attrib", {}).items() if name != DEVICE and "." in name}
+    if probe:
+        ways = [probe.get(f"hang.{way}") for way in ("ours", "upstream", "off")]
+        out += ["", "### The hang probe: `radix_match_short` with the idle-cache sweep on (`attrib` suite)", "",
+                "1000 planned decode steps, the three engines at once, ours and sglang's own with "
+                "`--kv-canary-sweep-interval 16`.", "",
+                "| bug | ours | sglang's own canary | canary off (sglang alone) |", "|---|---|---|---|",
+                "| `radix_match_short` | " + " | ".join(bug_cell(run, i == 0) if run else "not run"
+                                                      for i, run in enumerate(ways)) + " |"]
     if corpus:
         out += ["", "### The corpus: ours, sglang's own canary, and sglang alone", "",
                 "1500 planned decode steps, every bug's three engines at once.", "",
@@ -323,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     correctness = []
     for suite in sorted(suites):
         for name, run in sorted(suites[suite].items()):
-            if name != DEVICE and run["json"] and (suite in CORRECTNESS_SUITES or name.startswith("fi-")):
+            # Names with a dot are bug runs (BUG.WAY), reported with the corpus.
+            if name != DEVICE and "." not in name and run["json"] and (suite in CORRECTNESS_SUITES or name.startswith("fi-")):
                 row = correctness_row(name, run)
                 row["device"] = suites[suite].get(DEVICE, device).split(",")[0]
                 correctness.append(row)
