@@ -176,8 +176,9 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
                    f"{r['forwards']} | {r['decode_steps']} | {r['requests']} | {r['generated_tokens']} | "
                    f"{r['cached_tokens']} | {r['installed_lines']} | {r['stats_lines']} | {r['violation_lines']} |")
     out += ["", "## Self-test perturbations (every kind armed at rate 0.02, sweep every 16 steps)", "",
-            "Delays are in the steps of the manager that reported: on EAGLE, a report from the draft's comparison "
-            "with the target's rows counts the draft's forwards (several per target verify).", "",
+            "Delays are in target steps. The H200 `attrib` archive ran before the draft's reports carried their "
+            "target's step numbers: there, EAGLE's `next_token_swap` delays count the draft's own forwards "
+            "(several per target verify).", "",
             "| run | machine | kind | injected | reported (%) | missed | delay min/median/max (steps) |",
             "|---|---|---|---|---|---|---|"]
     for r in correctness:

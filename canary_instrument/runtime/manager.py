@@ -41,7 +41,7 @@ from canary_instrument.runtime.setup.sites import SITE_CONTEXT_TYPES, SiteCache,
 from canary_instrument.runtime.passes.state import CanaryState
 from canary_instrument.runtime.reports.stats import CanaryStats, StatsKeeper, StatsLine
 from canary_instrument.runtime.passes.status import AT, SWA, SWEEP, PublishedWords, allocate_status
-from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
+from canary_instrument.runtime.step.steps import StepState
 from canary_instrument.runtime.reports.swa_divergence import swa_divergence_on_device
 from canary_instrument.runtime.reports.violations import Violation
 
@@ -326,8 +326,7 @@ class CanaryManager:
             steps.planned += planned
         if not ok:
             return
-        steps.step = step = steps.step + 1
-        steps.totals[step % STEPS_REMEMBERED] = steps.planned
+        steps.end(steps.planned)
         self.end_step(forward_batch)
 
     def end_step(self, forward_batch: Any) -> None:
@@ -373,7 +372,7 @@ class CanaryManager:
         self.published.poll(self.steps.planned, self._read_published_count)
 
     def _read_published_count(self, count: int, post_runs: int) -> None:
-        self.reporter.read(count, self.steps.step_of_pass(post_runs), None)
+        self.reporter.read(count, self.steps.label(self.steps.step_of_pass(post_runs)), None)
 
     def _raise_pending(self) -> None:
         self.health.raise_if_unhealthy()

@@ -250,6 +250,8 @@ def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
     }
     assert {(v.req_pool_index, v.slot) for v in found} == {(reqs[0].row, reqs[0].slots[4]), (reqs[1].row, reqs[1].slots[5])}
     assert {v.reasons for v in found} == {frozenset({"token"})}
+    # ...and at the step it landed in: the target's verify (the draft's reports carry the target's step numbers).
+    assert {v.step for v in found} == {e.target.canary_manager.step} != {e.draft.canary_manager.step}
 
 
 def test_a_draft_runner_without_a_target_has_no_token_check(dev, canary_log):

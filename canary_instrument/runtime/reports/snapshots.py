@@ -81,7 +81,7 @@ class Snapshots:
         count, pre_runs, post_runs = int(values[0]), int(values[1]), int(values[2])
         self.stats.keep(values, tag.step)
         if count > self.published.seen:
-            self.reporter.read(count, tag.step, snapshot)
+            self.reporter.read(count, self.steps.label(tag.step), snapshot)
         self.health.check(tag, pre_runs, post_runs)
         if tag.swa_due:
             logger.info("%s", swa_log_from_status(tag.step, values).format())

@@ -61,7 +61,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             f"kv canary: server_args.speculative_eagle_topk={topk}: the canary plans one new token per request "
             "and draft step; EAGLE draft trees (topk > 1) are not supported"
         )
-    sampled, target_rows = None, None
+    sampled, target_rows, target_steps = None, None, None
     if settings.token_check and not is_draft and callable(getattr(model_runner, "sample", None)):
         sampled = SampledTokens(int(req_to_token.shape[0]), device)
     if settings.token_check and is_draft:
@@ -73,6 +73,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             )
         else:
             target_rows = target.state.groups[0].rows
+            target_steps = target.steps
     state = CanaryState(
         layout=attached.layout,
         realkv=settings.real_kv,
@@ -116,6 +117,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         process_group=find_process_group(model_runner),
     )
     manager.request_side = side
+    manager.steps.target = target_steps  # a draft's reports carry its target's step numbers
     register_kv_pool(pool, manager)  # a HiCache host pool attached later finds these rows by its device pool
     if settings.jitter_max_us:
         from canary_instrument.runtime.features.jitter import install_jitter

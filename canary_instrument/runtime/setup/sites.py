@@ -14,7 +14,7 @@ from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.setup.contexts import NULL_CONTEXT, context_tuple
 from canary_instrument.runtime.step.plan import IDLE, forward_kind
 from canary_instrument.runtime.step.single_forward import PLANNED, SingleForwardManager, listed, sub_forward
-from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
+from canary_instrument.runtime.step.steps import StepState
 
 # Manager classes (ours registers itself) that keep reusable sites: ``manager.recent_sites`` maps ``active``
 # to the site last made for it, whose ``listing``, ``index``, ``busy`` and ``batch`` say which call it
@@ -218,9 +218,8 @@ class Site:
             steps.active = None
             steps.open = None
             steps.forwards += 1
-            steps.step = step = steps.step + 1
-            steps.planned = planned = steps.planned + self._planned
-            steps.totals[step % STEPS_REMEMBERED] = planned
+            planned = steps.planned + self._planned
+            step = steps.end(planned)
             if step >= steps.end_due:
                 self._manager.end_step(batch)
             elif not steps.published.settled(planned - self._planned, planned):

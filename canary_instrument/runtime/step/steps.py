@@ -18,7 +18,7 @@ class StepState:
     """One manager's phase and step counts."""
 
     __slots__ = ("open", "active", "fast", "init_finished", "forwards", "step", "planned", "totals", "end_due",
-                 "request_side", "token_oracle", "published")
+                 "request_side", "token_oracle", "published", "target", "labels")
 
     def __init__(self, published: PublishedWords):
         self.open: Any = None  # the site whose with_ops_outside_graph() block is open
@@ -37,6 +37,26 @@ class StepState:
         self.request_side: Any = None
         self.token_oracle: Any = None
         self.published = published
+        # An EAGLE draft's: its target's StepState, and per step (at s % STEPS_REMEMBERED) the target's step when
+        # it ended, so the draft's reports carry the target's step numbers (label()).
+        self.target: Any = None
+        self.labels: list = [0] * STEPS_REMEMBERED
+
+    def end(self, planned: int) -> int:
+        """Count a step whose forwards made ``planned`` sub-forward plans in all; returns its number."""
+        self.step = step = self.step + 1
+        self.planned = planned
+        self.totals[step % STEPS_REMEMBERED] = planned
+        if self.target is not None:
+            self.labels[step % STEPS_REMEMBERED] = self.target.step
+        return step
+
+    def label(self, step: int) -> int:
+        """The step number reports of ``step`` carry: the target's step it ran in, on an EAGLE draft whose
+        target is known (a draft runs several forwards per target verify); else ``step`` itself."""
+        if self.target is None or step <= self.step - STEPS_REMEMBERED:
+            return step
+        return self.labels[step % STEPS_REMEMBERED]
 
     def step_of_pass(self, post_runs: int) -> int:
         """The step whose forwards include post-forward pass number ``post_runs`` (the current step when
