@@ -74,6 +74,15 @@ def count_values(values) -> dict:
     return dict(zip(ordered[starts].tolist(), counts.tolist()))
 
 
+def small_counts(values) -> dict:
+    """``count_values`` of small non-negative ints (kernel ids, reason bits) by counting, not sorting."""
+    import numpy as np
+
+    counts = np.bincount(values) if len(values) else np.zeros(0, dtype=np.int64)
+    found = np.flatnonzero(counts)
+    return dict(zip(found.tolist(), counts[found].tolist()))
+
+
 def by_reason(bit_counts) -> tuple:
     """((reason, count), ...) in reason-bit order from counts by reason bits; a record with two reasons
     counts for both, reasons with no record are left out."""
@@ -117,10 +126,10 @@ class Window:
         import numpy as np
 
         columns = np.concatenate(self._records) if self._records else np.zeros((0, 4), dtype=np.int64)
-        kernels = count_values(columns[:, 0]).items()
+        kernels = small_counts(columns[:, 0]).items()
         return SummaryLine(
             first_step=self.first_step or 0, last_step=self.last_step, withheld=self.withheld, logged=self.logged,
-            reasons=by_reason(count_values(columns[:, 2])),
+            reasons=by_reason(small_counts(columns[:, 2])),
             kernels=tuple((KERNEL_NAMES.get(k, f"kernel{k}"), c) for k, c in kernels),
             req_rows=len(distinct(columns[:, 3])), slots=len(distinct(columns[:, 1])), dropped=self.dropped,
         )
