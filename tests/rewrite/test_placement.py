@@ -89,3 +89,19 @@ def test_a_hook_with_no_place_fails_apply_and_check_naming_the_site_that_needs_i
     assert finding.path.name == "model_runner.py"
     assert "init_finished hook not placed: the forward site in ModelRunner.forward needs" in finding.message
     assert "captures graphs" in finding.message
+
+
+def test_a_draft_runner_a_property_returns_is_the_manager_the_wiring_reads(tree):
+    """A draft worker that is itself the worker of its runner hands it out through a property
+    (sglang 0.5.13's frozen-KV MTP worker: `draft_model_runner` returns `self.model_runner`)."""
+    worker = DRAFT_WORKER.replace(
+        "        self.drafter_runner = self.worker.model_runner\n",
+        "\n    @property\n    def drafter_runner(self):\n        return self.worker.model_runner\n",
+    )
+    assert worker != DRAFT_WORKER
+    _wired_tree(tree, worker)
+    result = tree.run("apply")
+    assert result.findings == [], [str(f) for f in result.findings]
+    text = tree.read(WORKER)
+    assert "        manager = self.drafter_runner.canary_manager\n" in text
+    assert tree.run("check").findings == []

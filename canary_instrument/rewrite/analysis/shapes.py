@@ -128,7 +128,8 @@ class ClassFacts(ClassScope):
         return f"self.{next(iter(held))}" if len(held) == 1 else None
 
     def runner_attributes(self, shape: ModelRunnerShape) -> dict[str, str]:
-        """`self.NAME = VALUE` assignments of a model runner: NAME -> VALUE's dotted name (a constructor: its callee)."""
+        """`self.NAME = VALUE` assignments of a model runner, and properties that return one: NAME -> VALUE's dotted
+        name (a constructor: its callee)."""
         found: dict[str, str] = {}
         for node in self.assignments_where(lambda text: may_name(text, runner_words(shape))):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -142,6 +143,13 @@ class ClassFacts(ClassScope):
             for name in map(dotted_name, targets):
                 if runner and name is not None and name.count(".") == 1 and name.startswith("self."):
                     found.setdefault(name[5:], spelled)
+        # A property that returns a model runner (`return self.model_runner`) holds it under its own name too.
+        for name, method in self.methods.items():
+            body = [s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            if self.has_property(f"self.{name}") and len(body) == 1 and isinstance(body[0], ast.Return):
+                spelled = dotted_name(body[0].value) or ""
+                if "." in spelled and names_runner(spelled.rpartition(".")[2], shape):
+                    found.setdefault(name, spelled)
         return found
 
     def flagged_attributes(self, flag: str) -> list[list[str]]:
