@@ -266,10 +266,13 @@ class CallGraph:
         `word`: the classes it fits when any does, else all of them. None of the tree's: nothing.
         While `bases_wanted`, a class of the tree, not analysed, that alone types the receiver and is
         a base of a class whose method `name` is wanted (`unanalysed_bases`) is wanted too (`missing`):
-        the call may run that class's override."""
+        the call may run that class's override. So is such a base when analysed classes type the receiver:
+        the wanted class may derive from them through it."""
         index = caller[0] if caller is not None else None
         classes = self.classes_held(types, cls, index)
         bases = self.unanalysed_bases.get(name) if self.bases_wanted and self.missing is not None else None
+        if classes and bases:
+            self.missing |= bases
         if not classes and bases:
             missing, missing_from = self.missing, self.missing_from
             self.missing, self.missing_from = set(), set()

@@ -114,14 +114,17 @@ class ClassFacts(ClassScope):
 
         Only for an owner (`self.draft_runner`) the class never uses and whose name the model-runner shape
         does not recognise: the attribute it assigns a model runner (`self.drafter = self.worker.model_runner`,
-        `self.drafter = ModelRunner(...)`). Several such attributes are told apart by the one built from an
-        object constructed with `draft_flag=True`; None when that leaves no single one.
+        `self.drafter = ModelRunner(...)`, a property returning one). Several names for the same value are one
+        runner (the first is taken); different ones are told apart by the one built from an object constructed
+        with `draft_flag=True`; None when that leaves no single one.
         """
         if not owner.startswith("self.") or owner.count(".") != 1 or self.reaches(owner):
             return None
         if names_runner(owner[5:], shape):
             return None
         held = self.runner_attributes(shape)
+        if len(held) > 1 and len(set(held.values())) == 1:  # names for one runner (properties returning it)
+            held = dict([next(iter(held.items()))])
         if len(held) > 1 and draft_flag:
             drafts = self.flagged_attributes(draft_flag)
             held = {name: value for name, value in held.items() if value.split(".")[:2] in drafts}
