@@ -93,18 +93,16 @@ def compile_plan_widths(kernel, args: list, grid: tuple, options: dict, max_reqs
     threads, without launching it. Called at the first launch of each signature (in sglang, during start-up:
     CUDA graph capture meets each forward kind), so no later forward, eager or captured, stops to compile a
     new batch-size bucket."""
+    import contextlib
     from concurrent.futures import ThreadPoolExecutor
 
     widths = [MIN_MAX_BS << i for i in range(plan_width(max_reqs).bit_length() - MIN_MAX_BS.bit_length() + 1)]
-    try:  # Triton's own parallel compile (its compiles run in the pool; warmup() only submits them)
+    try:  # Triton's own parallel compile: warmup() submits each compile to the pool, the block's end waits
         from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
+    except ImportError:  # an older Triton: one compile after another
         AsyncCompileMode = None
-    if AsyncCompileMode is None:
-        for width in widths:
-            kernel.warmup(*args, grid=grid, MAX_BS=width, **options)
-        return
-    with ThreadPoolExecutor(max_workers=min(COMPILE_THREADS, len(widths))) as pool, AsyncCompileMode(pool):
+    with ThreadPoolExecutor(max_workers=min(COMPILE_THREADS, len(widths))) as pool, (
+            AsyncCompileMode(pool) if AsyncCompileMode is not None else contextlib.nullcontext()):
         for width in widths:
             kernel.warmup(*args, grid=grid, MAX_BS=width, **options)
 
@@ -294,8 +292,9 @@ class TritonCanaryOps:
             if device.type == "cuda":
                 # Dtypes differ by forward kind (decode reads positions, extend its prefix lengths), and
                 # the rest of the signature is the state's own.
-                signature = (kernel_name, id(state), expected_mode, file_samples, out_loc is None, leading[0].dtype if leading else None,
-                             plan.req_pool_indices.dtype, plan.prefix_lens.dtype, extend.dtype)
+                signature = (kernel_name, id(state), expected_mode, file_samples, out_loc is None,
+                             leading[0].dtype if leading else None, plan.req_pool_indices.dtype,
+                             plan.prefix_lens.dtype, extend.dtype)
                 if signature not in self._compiled:
                     self._compiled.add(signature)
                     compile_plan_widths(kernel, args, grid, options, state.req_to_token.shape[0] - 1)
