@@ -75,6 +75,44 @@ BUGS = {
         "                self.free_pages = torch.cat((self.free_pages, free_index + 1))\n",
         "token allocator frees each slot's neighbour instead of the slot",
     ),
+    # SWA translation: an allocation of several tokens maps each full slot to the SWA slot of another of its
+    # positions (the SWA slots reversed): the sliding-window layers read each other's positions' KV.
+    "swa_mapping_reversed": Bug(
+        "mem_cache/allocator/swa.py",
+        "        self.set_full_to_swa_mapping(alloc_full_indices, alloc_swa_indices)\n        return alloc_full_indices\n",
+        "        self.set_full_to_swa_mapping(alloc_full_indices, alloc_swa_indices.flip(0))\n"
+        "        return alloc_full_indices\n",
+        "SWA allocation maps full slots to the SWA slots of other positions",
+    ),
+    # Prefill and chunked prefill: after a request's tokens go into the radix cache, the duplicate slots it
+    # computed are freed and the tree's are reused, but req_to_token keeps the freed ones: the request's
+    # next chunk or decode reads slots the allocator hands to other requests.
+    "prefill_table_stale": Bug(
+        "mem_cache/radix_cache.py",
+        "        self.req_to_token_pool.write(\n"
+        "            (req.req_pool_idx, slice(req.cache_protected_len, len(new_indices))),\n"
+        "            new_indices[req.cache_protected_len :],\n"
+        "        )\n",
+        "",
+        "req_to_token keeps a cached request's freed duplicate slots",
+    ),
+    # EAGLE accept: each verify commits one token more than it accepted (at most the draft's length): the
+    # request's length then covers a position whose KV the verify computed from a rejected draft token.
+    "eagle_accept_one_more": Bug(
+        "speculative/eagle_worker_common.py",
+        "    new_seq_lens = batch.seq_lens + accept_lens\n",
+        "    new_seq_lens = batch.seq_lens + torch.clamp(accept_lens + 1, max=num_draft_tokens)\n",
+        "EAGLE verify commits one token more than it accepted",
+    ),
+    # HiCache host transfer: a load back from the host tier writes the KV into the new device slots in reverse
+    # order, while the tree records them in order: every loaded prefix is read at the wrong positions.
+    "hicache_load_reversed": Bug(
+        "managers/cache_controller.py",
+        "        self.load_queue.append(\n            CacheOperation(host_indices, device_indices, node_id, priority)\n",
+        "        self.load_queue.append(\n"
+        "            CacheOperation(host_indices, device_indices.flip(0), node_id, priority)\n",
+        "HiCache load-back writes into the device slots in reverse order",
+    ),
 }
 
 

@@ -2,7 +2,7 @@
 # The real-sglang run on the GPU machine, from the repository root:
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
-#                                                    corpus1, corpus2, cost-a, cost-b)
+#                                                    corpus1, corpus2, corpus3, cost-a, cost-b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -170,6 +170,23 @@ for suite in "$@"; do
             watched fi-mha-clean "$OURS" 480 correctness --layout mha --attention-backend flashinfer \
                 --decode-steps 1500 --mem-fraction 0.9 &
         fi
+        wait
+        ;;
+    corpus3)
+        # The corpus's bugs beyond MHA's plain path, each served three ways at once with the layout or feature
+        # it needs: SWA translation (gpt-oss), EAGLE accept, HiCache load-back, and the prefill table.
+        for entry in swa_mapping_reversed:swa prefill_table_stale:mha eagle_accept_one_more:eagle \
+                     hicache_load_reversed:mha-hicache; do
+            bug=${entry%%:*}; layout=${entry#*:}; extra=()
+            [ "$layout" = mha-hicache ] && { layout=mha; extra=(--hicache); }
+            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
+            release=$(buggy "$bug-release" "$bug" "$WORK/site")
+            [ -n "$ours" ] && [ -n "$release" ] || exit 2
+            common=(correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 "${extra[@]}")
+            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+        done
         wait
         ;;
     cost-a)

@@ -173,3 +173,20 @@ def test_a_red_gate_leaves_no_package_behind(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "the gate is not green" in proc.stderr
     assert not dest.exists()
+
+
+def test_every_bug_of_the_corpus_applies_to_the_release_gpu_sh_serves(tmp_path):
+    """Each bug is one exact edit of the release's source (bugs.py refuses a text found other than once):
+    a release whose code moved would otherwise waste a GPU run."""
+    from tests.realtree.conftest import sglang_srt
+
+    bugs = load("bugs")
+    package = sglang_srt(gpu_release()).parent
+    for name, bug in bugs.BUGS.items():
+        source = (package / "srt" / bug.path).read_text()
+        assert source.count(bug.old) == 1, f"{name}: {bug.path}"
+        dest = tmp_path / name / "sglang"
+        (dest / "srt" / bug.path).parent.mkdir(parents=True)
+        (dest / "srt" / bug.path).write_text(source)
+        bugs.apply(dest, name)
+        assert (dest / "srt" / bug.path).read_text() != source
