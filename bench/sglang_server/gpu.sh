@@ -118,11 +118,12 @@ for suite in "$@"; do
         [ -n "$shift_ours" ] || exit 2
         flood=(correctness --layout mha --decode-steps 3000 --mem-fraction 0.9)
         # The first engine on a machine compiles the canary's kernels for every batch bucket it meets
-        # (Triton's cache then holds them): a warm-up run, then clean, bug, clean again (the noise).
+        # (Triton's cache then holds them): a warm-up run, then clean and bug alternately, twice (the noise).
         watched flood-warmup "$OURS" 300 "${flood[@]}"
         watched flood-clean "$OURS" 300 "${flood[@]}"
         watched flood-bug "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}"
         watched flood-clean-again "$OURS" 300 "${flood[@]}"
+        watched flood-bug-again "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}"
         watched raise-bug "$shift_ours:$REPO:$WORK/site" 300 "${flood[@]}" --kv-canary raise
         ;;
     stall)
