@@ -3,10 +3,9 @@ or keep them to raise, and keep the ones ``flush()`` returns.
 
 A flood stays readable and cheap: at most ``lines_per_step`` violations a step, and ``lines_per_interval``
 a summary interval, are logged in full, and the first of each new class (reasons, kernel, group) always
-is; the rest are counted into a summary line
-every ``summary_interval`` steps (summary.py), records are decoded into objects only where a line, the
-sink or ``flush()`` needs one, and the totals stay exact. Raise mode raises at the end of the step that
-read the first violation, with a bounded message.
+is; the rest are counted into a summary line every ``summary_interval`` steps (summary.py), records are
+decoded into objects only where a line, the sink or ``flush()`` needs one, and the totals stay exact.
+Raise mode raises at the end of the step that read the first violation, with a bounded message.
 """
 
 from __future__ import annotations
