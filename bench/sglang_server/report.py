@@ -223,6 +223,12 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
     return "\n".join(out) + "\n"
 
 
+def decode_steps_ms(lines: list[tuple]) -> list[float]:
+    """The decode step time (ms) each of sglang's ``Decode batch`` lines (``DECODE`` matches) implies: its batch
+    over its generation throughput."""
+    return [int(r) / float(t) * 1e3 for r, _, t in lines if float(t) > 0]
+
+
 def stall_markdown(suites: dict) -> list[str]:
     """Each batch bucket first met in an eager decode (serve.py stall): the waves' wall times per way, and the
     largest decode step of each run from the scheduler's per-step lines (a wave's first line spans the gap
@@ -248,8 +254,7 @@ def stall_markdown(suites: dict) -> list[str]:
     for w in ways:
         steps = []
         for block in re.findall(r"stall: begin batch \d+\n(.*?)stall: end batch", runs[w]["log"], re.S):
-            lines = DECODE.findall(block)[1:]
-            steps += [int(r) / float(t) * 1e3 for r, _, t in lines if float(t) > 0]
+            steps += decode_steps_ms(DECODE.findall(block)[1:])
         largest.append(f"{max(steps):.2f} ms" if steps else "-")
     out += ["| engine start (s) | " + " | ".join(str(runs[w]["json"]["engine_start_s"]) for w in ways) + " |",
             "| largest decode step | " + " | ".join(largest) + " |"]
@@ -325,7 +330,7 @@ def bugs_markdown(suites: dict) -> list[str]:
                 continue
             stats = StatsLine.find_all(run["log"])
             total = stats[-1].violations if stats else 0
-            steps = [int(r) / float(t) * 1e3 for r, _, t in DECODE.findall(run["log"]) if float(t) > 0]
+            steps = decode_steps_ms(DECODE.findall(run["log"]))
             serve[name] = run["json"].get("serve_s")
             if steps:
                 step[name] = statistics.median(steps)

@@ -63,19 +63,7 @@ def distinct(values):
 
 
 def count_values(values) -> dict:
-    """{value: how many times} of an int array."""
-    import numpy as np
-
-    if not len(values):
-        return {}
-    ordered = np.sort(values)
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    counts = np.diff(np.append(starts, len(ordered)))
-    return dict(zip(ordered[starts].tolist(), counts.tolist()))
-
-
-def small_counts(values) -> dict:
-    """``count_values`` of small non-negative ints (kernel ids, reason bits) by counting, not sorting."""
+    """{value: how many times} of an array of small non-negative ints (kernel ids, reason bits), by counting."""
     import numpy as np
 
     counts = np.bincount(values) if len(values) else np.zeros(0, dtype=np.int64)
@@ -126,10 +114,10 @@ class Window:
         import numpy as np
 
         columns = np.concatenate(self._records) if self._records else np.zeros((0, 4), dtype=np.int64)
-        kernels = small_counts(columns[:, 0]).items()
+        kernels = count_values(columns[:, 0]).items()
         return SummaryLine(
             first_step=self.first_step or 0, last_step=self.last_step, withheld=self.withheld, logged=self.logged,
-            reasons=by_reason(small_counts(columns[:, 2])),
+            reasons=by_reason(count_values(columns[:, 2])),
             kernels=tuple((KERNEL_NAMES.get(k, f"kernel{k}"), c) for k, c in kernels),
             req_rows=len(distinct(columns[:, 3])), slots=len(distinct(columns[:, 1])), dropped=self.dropped,
         )
