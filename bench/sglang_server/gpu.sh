@@ -59,6 +59,14 @@ watched() {
     echo "gpu.sh: $name $(cat "$RUNS/$name.watch.json") ($(date +%T))"
 }
 
+# http NAME PYTHONPATH ARGS...: sglang's HTTP server under its bench_serving (serve_http.py), as run.
+http() {
+    local name=$1 path=$2; shift 2
+    PYTHONPATH=$path timeout 900 python3 bench/sglang_server/serve_http.py "$@" --out "$RUNS/$name.json" \
+        >"$RUNS/$name.log" 2>&1
+    echo "gpu.sh: $name exit $? ($(date +%T))"
+}
+
 # buggy NAME BUG BASE: a copy of BASE's sglang package with BUG in it (bugs.py), as a PYTHONPATH entry.
 buggy() {
     python3 bench/sglang_server/bugs.py "$3/sglang" "$WORK/bugs/$1/sglang" "$2" >/dev/null || exit 2
@@ -109,6 +117,26 @@ for suite in "$@"; do
         for layout in mla swa; do
             run "$layout-clean" "$OURS" correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 &
         done
+        wait
+        ;;
+    http)
+        # The HTTP server three ways, one at a time (the timings compare): canary off and sglang's own on the
+        # unmodified release, ours on the applied copy; each under bench_serving at every rate.
+        http http-off "$RELEASE" --kv-canary none --port 30010
+        http http-ours "$OURS" --kv-canary log --port 30011
+        http http-upstream "$RELEASE" --kv-canary log --port 30012
+        ;;
+    deploy)
+        # Where users deploy, correctness: FlashInfer's attention on MHA and MLA, clean and perturbed; and the
+        # HTTP server (ours) with every perturbation armed, under bench_serving. Engines share the GPU.
+        for layout in mha mla; do
+            run "fi-$layout-clean" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
+                --decode-steps 1000 --mem-fraction 0.9 &
+            run "fi-$layout-perturb" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
+                --perturb 0.02 --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.9 &
+        done
+        http http-ours-perturb "$OURS" --kv-canary log --perturb 0.02 --port 30020 --rates 32 inf \
+            --max-total-tokens 65536 --mem-fraction 0.9 &
         wait
         ;;
     flood)

@@ -9,7 +9,15 @@ cost depends on them (the Llama-3-8B cost model keeps all 32 layers).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+# The tokenizer written beside a model for the HTTP server and sglang's bench_serving: a word-level
+# vocabulary "t0".."t{V-1}" split on whitespace, so any token ids decode to a text that encodes back to
+# the same ids (a prompt of N random ids is N tokens to the server, as bench_serving's random-ids
+# dataset assumes), with no special tokens added.
+TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 16384,
+                    "unk_token": "t0"}
 
 # Llama-3-8B: 32 query heads, 8 KV heads of 128, 128,256-token vocabulary.
 LLAMA3_8B = {
@@ -135,3 +143,21 @@ def write_model(name: str, root: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return folder
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """``tokenizer.json`` and ``tokenizer_config.json`` in ``folder`` (written once): the word-level tokenizer
+    described at ``TOKENIZER_CONFIG``. Built with the ``tokenizers`` package, which sglang needs anyway."""
+    if (folder / "tokenizer.json").exists():
+        return
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Engines started at once share the folder: each writes its own files and renames them into place.
+    part = folder / f"tokenizer_config.json.{os.getpid()}"
+    part.write_text(json.dumps(TOKENIZER_CONFIG, indent=1) + "\n")
+    os.replace(part, folder / "tokenizer_config.json")
+    part = folder / f"tokenizer.json.{os.getpid()}"
+    tokenizer.save(str(part))
+    os.replace(part, folder / "tokenizer.json")

@@ -219,6 +219,7 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
         out.append(f"| {r['batch']} x {r['context']} | "
                    + " | ".join(f"{r[w]['difference_method_ms']:.3f}" for w in WAYS if w in r) + " |")
     out += stall_markdown(suites)
+    out += http_markdown(suites)
     out += bugs_markdown(suites)
     return "\n".join(out) + "\n"
 
@@ -258,6 +259,70 @@ def stall_markdown(suites: dict) -> list[str]:
         largest.append(f"{max(steps):.2f} ms" if steps else "-")
     out += ["| engine start (s) | " + " | ".join(str(runs[w]["json"]["engine_start_s"]) for w in ways) + " |",
             "| largest decode step | " + " | ".join(largest) + " |"]
+    return out
+
+
+HTTP_WAYS = {"http-off": "canary off", "http-ours": "ours", "http-upstream": "sglang's own"}
+
+
+def http_markdown(suites: dict) -> list[str]:
+    """The HTTP server under sglang's bench_serving (serve_http.py): the three ways at each rate, what each
+    server's canary logged, and the perturbation run through the same server (``deploy`` suite)."""
+    runs = {name: run for suite in ("http", "deploy") for name, run in suites.get(suite, {}).items()
+            if name.startswith("http-") and run["json"]}
+    ways = [w for w in HTTP_WAYS if w in runs]
+    if not runs:
+        return []
+    meta = runs[(ways or list(runs))[0]]["json"]
+    argv = meta.get("argv", [])
+    out = ["", "## The HTTP server under sglang's `bench_serving`", "",
+           f"Machine: {suites.get('http', suites.get('deploy', {})).get(DEVICE, '?')}. `serve_http.py`: "
+           "`python -m sglang.launch_server` (Llama-3-8B, 32 layers, random weights, Triton attention, "
+           f"`--max-running-requests {_argument(meta, '--max-running', '128')}`, sglang's defaults otherwise: decode "
+           "and prefill CUDA graphs, radix cache, chunked prefill, overlap scheduling), one server at a time; "
+           "`python -m sglang.bench_serving --backend sglang --dataset-name random-ids` with "
+           f"{_argument(meta, '--num-prompts', '128')} prompts of {_argument(meta, '--input-len', '1024')} tokens and "
+           f"{_argument(meta, '--output-len', '128')} output tokens (each drawn from half to all of that), a seed per "
+           "rate (the same prompts in every way), after a warm-up run of 32 prompts. TTFT and ITL in ms.", ""]
+    if ways:
+        out += ["| rate (req/s) | way | req/s | output tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
+                "|---|---|---|---|---|---|---|---|"]
+        rates = [r["rate"] for r in runs[ways[0]]["json"]["rates"]]
+        for rate in rates:
+            for way in ways:
+                row = next((r for r in runs[way]["json"]["rates"] if r["rate"] == rate), None)
+                if row is None:
+                    out.append(f"| {rate} | {HTTP_WAYS[way]} | - | - | - | - | - | - |")
+                    continue
+                out.append(f"| {rate} | {HTTP_WAYS[way]} | {row['request_throughput']:.2f} | "
+                           f"{row['output_throughput']:.0f} | {row['median_ttft_ms']:.1f} | {row['p99_ttft_ms']:.1f} | "
+                           f"{row['median_itl_ms']:.2f} | {row['p99_itl_ms']:.2f} |")
+    out += ["", "| server | served | start (s) | requests completed | `installed` lines | stats lines | violations |",
+            "|---|---|---|---|---|---|---|"]
+    for name, run in sorted(runs.items()):
+        meta, log = run["json"], run["log"]
+        status = "yes" if meta.get("ok") else f"no: {meta.get('error')}"
+        completed = sum(r.get("completed") or 0 for r in meta.get("rates", []))
+        out.append(f"| {name} | {status} | {meta.get('server_start_s', '-')} | {completed} | "
+                   f"{log.count('kv canary installed:')} | {len(StatsLine.find_all(log))} | "
+                   f"{log.count('kv_canary violation:')} |")
+    perturbed = runs.get("http-ours-perturb")
+    if perturbed:
+        score = score_log(perturbed["log"]).to_dict()
+        armed = _armed_kinds(perturbed["log"])
+        out += ["", f"The HTTP server with every perturbation armed at {perturbed['json']['perturb']} (ours, sweep every "
+                f"16 steps, rates {', '.join(r['rate'] for r in perturbed['json']['rates'])}, sharing the GPU "
+                "with the `deploy` suite's other engines):", "",
+                "| kind | injected | reported (%) | missed | delay min/median/max (steps) |", "|---|---|---|---|---|"]
+        for kind, k in score["kinds"].items():
+            if armed and kind not in armed:
+                continue
+            delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
+            share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
+            out.append(f"| {kind} | {k['injected']} | {k['reported']}{share} | {len(k['missed'])} | {delay} |")
+        out.append(f"| **all** | {score['injected']} | {score['reported']} | {score['injected'] - score['reported']} | "
+                   f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
+                   f"not applied {score['not_applied']} |")
     return out
 
 

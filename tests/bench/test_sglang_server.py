@@ -190,3 +190,15 @@ def test_every_bug_of_the_corpus_applies_to_the_release_gpu_sh_serves(tmp_path):
         (dest / "srt" / bug.path).write_text(source)
         bugs.apply(dest, name)
         assert (dest / "srt" / bug.path).read_text() != source
+
+
+def test_the_written_tokenizer_encodes_any_decoded_ids_back_to_the_same_ids(tmp_path):
+    # bench_serving's random-ids prompts are token ids decoded to text; the server must count as many tokens.
+    tokenizers = pytest.importorskip("tokenizers")
+    models = load("models")
+    models.write_tokenizer(tmp_path, 128256)
+    tokenizer = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ids = [0, 5, 77, 128000, 128001, 128255, 42, 42]
+    assert tokenizer.encode(tokenizer.decode(ids)).ids == ids
+    assert tokenizer.get_vocab_size() == 128256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
