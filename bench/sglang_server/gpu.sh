@@ -127,14 +127,18 @@ for suite in "$@"; do
         http http-upstream "$RELEASE" --kv-canary log --port 30012
         ;;
     deploy)
-        # Where users deploy, correctness: FlashInfer's attention on MHA and MLA, clean and perturbed; and the
-        # HTTP server (ours) with every perturbation armed, under bench_serving. Engines share the GPU.
+        # Where users deploy, correctness: FlashInfer's attention on MHA and MLA, clean and perturbed; multi-layer
+        # EAGLE; the HTTP server (ours) with every perturbation armed, under bench_serving. Engines share the GPU.
         for layout in mha mla; do
             run "fi-$layout-clean" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
                 --decode-steps 1000 --mem-fraction 0.9 &
             run "fi-$layout-perturb" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
                 --perturb 0.02 --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.9 &
         done
+        # Multi-layer EAGLE (Step-3.5's three MTP layers, one draft runner per step), clean and perturbed.
+        run mtp-clean "$OURS" correctness --layout mtp --decode-steps 1000 --mem-fraction 0.9 &
+        run mtp-perturb "$OURS" correctness --layout mtp --perturb 0.02 --kv-canary-sweep-interval 16 \
+            --decode-steps 1000 --mem-fraction 0.9 &
         http http-ours-perturb "$OURS" --kv-canary log --perturb 0.02 --port 30020 --rates 32 inf \
             --max-total-tokens 65536 --mem-fraction 0.9 &
         wait

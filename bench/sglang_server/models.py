@@ -114,6 +114,44 @@ GPT_OSS_20B = {
 LLAMA3_8B_EAGLE = {**LLAMA3_8B, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1}
 
 
+# Multi-layer EAGLE (sglang's MultiLayerEagleWorker: one draft runner and KV pool per step, each captured on
+# its own) is reached by a target whose draft class takes a per-step index: Step-3.5 (Step3p5ForCausalLM, its
+# MTP head Step3p5MTP) is the one whose config class ships with sglang. Here with Llama-3-8B's attention and
+# MLP shapes, every layer dense ("9999" names no MoE layer), sliding-window 128 and full layers 3:1. Per-layer
+# lists run to 48 entries: the MTP block's layer id is fixed at 45 (step3p5_mtp.py), so the draft's folder
+# keeps all 45 trunk layers in its config (only the MTP block is built) while the target is cut to 4.
+STEP3P5_SLOTS = 48
+STEP3P5_DENSE = {
+    "architectures": ["Step3p5ForCausalLM"],
+    "model_type": "step3p5",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 45,
+    "num_attention_heads": 32,
+    "num_attention_groups": 8,
+    "head_dim": 128,
+    "attention_other_setting": {"num_attention_heads": 32, "num_attention_groups": 8},
+    "layer_types": ["full_attention" if i % 4 == 0 and i < 45 else "sliding_attention" for i in range(STEP3P5_SLOTS)],
+    "sliding_window": 128,
+    "yarn_only_types": [],
+    "rope_theta": [500000.0] * STEP3P5_SLOTS,
+    "partial_rotary_factors": [1.0] * STEP3P5_SLOTS,
+    "use_head_wise_attn_gate": False,
+    "swiglu_limits": None,
+    "swiglu_limits_shared": None,
+    "moe_layers_enum": "9999",
+    "num_nextn_predict_layers": 3,
+    "max_position_embeddings": 16384,
+    "max_seq_len": 16384,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 128256,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
 def with_layers(config: dict, layers: int) -> dict:
     """``config`` cut to ``layers`` decoder layers (gpt-oss keeps its sliding/full alternation)."""
     out = {**config, "num_hidden_layers": layers}
@@ -129,6 +167,8 @@ MODELS = {
     "llama3-8b-eagle": (LLAMA3_8B_EAGLE, None),
     "deepseek-v2-lite-4l": (DEEPSEEK_V2_LITE, 4),
     "gpt-oss-20b-4l": (GPT_OSS_20B, 4),
+    "step3p5-dense-4l": (STEP3P5_DENSE, 4),
+    "step3p5-dense-mtp3": (STEP3P5_DENSE, None),
 }
 
 

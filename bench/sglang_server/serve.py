@@ -32,6 +32,8 @@ LAYOUTS = {
     "mla": ("deepseek-v2-lite-4l", None),
     "swa": ("gpt-oss-20b-4l", None),
     "eagle": ("llama3-8b-4l", "llama3-8b-eagle"),
+    # multi-layer EAGLE: three MTP draft layers, one draft runner (and KV pool) per step (models.py)
+    "mtp": ("step3p5-dense-4l", "step3p5-dense-mtp3"),
 }
 # Cost shapes (batch, context): contexts from 1k to 8k at every batch that fits one H100 with the
 # 32-layer Llama-3-8B (128 KiB of KV per token).
