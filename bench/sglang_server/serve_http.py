@@ -1,7 +1,7 @@
 """sglang's HTTP server (``python -m sglang.launch_server``) under sglang's own ``bench_serving``, one way.
 
     python bench/sglang_server/serve_http.py --out r.json [--kv-canary none|log] [--port 30000]
-        [--rates 16 64 inf] [--num-prompts 128] [--input-len 1024] [--output-len 128]
+        [--rates 8 32 inf] [--num-prompts 96] [--input-len 1024] [--output-len 128]
 
 Which sglang runs is whatever ``import sglang`` finds (``gpu.sh`` sets ``PYTHONPATH`` as for ``serve.py``).
 The server serves the 32-layer Llama-3-8B with random weights and the word-level tokenizer ``models.py``
@@ -104,14 +104,14 @@ def main() -> None:
     parser.add_argument("--perturb", type=float, default=0.0, help="arm every self-test perturbation at this rate")
     parser.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"])
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--rates", nargs="+", default=["16", "64", "inf"])
-    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--rates", nargs="+", default=["8", "32", "inf"])
+    parser.add_argument("--num-prompts", type=int, default=96)
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--max-running", type=int, default=128)
+    parser.add_argument("--max-running", type=int, default=64)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
     parser.add_argument("--max-total-tokens", type=int, default=0)
-    parser.add_argument("--warmup-prompts", type=int, default=32,
+    parser.add_argument("--warmup-prompts", type=int, default=16,
                         help="a first bench_serving run at rate inf, not kept: kernels compiled before the timed rates")
     parser.add_argument("--start-limit-s", type=float, default=420)
     parser.add_argument("--bench-limit-s", type=float, default=300)
