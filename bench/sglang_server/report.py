@@ -278,10 +278,10 @@ def http_markdown(suites: dict) -> list[str]:
     out = ["", "## The HTTP server under sglang's `bench_serving`", "",
            f"Machine: {suites.get('http', suites.get('deploy', {})).get(DEVICE, '?')}. `serve_http.py`: "
            "`python -m sglang.launch_server` (Llama-3-8B, 32 layers, random weights, Triton attention, "
-           f"`--max-running-requests {_argument(meta, "--max-running", "64")}`, sglang's defaults otherwise: decode "
+           f"`--max-running-requests {_argument(meta, '--max-running', '64')}`, sglang's defaults otherwise: decode "
            "and prefill CUDA graphs, radix cache, chunked prefill, overlap scheduling), one server at a time; "
            "`python -m sglang.bench_serving --backend sglang --dataset-name random-ids` with "
-           f"{_argument(meta, "--num-prompts", "96")} prompts of {_argument(meta, '--input-len', '1024')} tokens and "
+           f"{_argument(meta, '--num-prompts', '96')} prompts of {_argument(meta, '--input-len', '1024')} tokens and "
            f"{_argument(meta, '--output-len', '128')} output tokens (each drawn from half to all of that), a seed per "
            "rate (the same prompts in every way), after a warm-up run of 16 prompts. TTFT and ITL in ms.", ""]
     if ways:
