@@ -87,6 +87,7 @@ def make_scenario(
     layers: int = 1,
     device: str = "cpu",
     same_history: bool = False,
+    layerless_full: bool = False,
 ) -> Scenario:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -145,7 +146,12 @@ def make_scenario(
         n = swa_slots if g == GROUP_SWA else full_slots
         rows = torch.randint(-(2**62), 2**62, (n, 4), dtype=torch.int64, generator=gen)
         group = CanaryGroup(group=g, half=h, rows=rows)
-        if realkv != "none":
+        if layerless_full and g == GROUP_FULL:
+            # An SWA pool whose full sub-pool has no layers (runtime.setup.pools): one zero row read at every slot.
+            group.holds_kv = False
+            if realkv != "none":
+                attach_layers(group, [torch.zeros((1, kv_words), dtype=torch.int64).expand(n, kv_words)])
+        elif realkv != "none":
             attach_layers(group, [torch.randint(-(2**62), 2**62, (n, kv_words), dtype=torch.int64, generator=gen)
                                   for _ in range(layers)])
         groups.append(group)

@@ -11,6 +11,7 @@ import torch
 from canary_instrument.runtime.passes import reference
 from canary_instrument.runtime.passes.state import (
     FINGERPRINT,
+    GROUP_SWA,
     LINK,
     PADDING_SLOT,
     POSITION,
@@ -93,6 +94,26 @@ def test_kernels_match_reference_over_two_steps(device, layout, v_half, realkv, 
     sc.plan.extend_lens[:3] = 0
     run_both(sc, _ops(), passes=("pre",))
     assert violations(sc.state) == []
+
+
+@pytest.mark.parametrize("realkv", ["partial", "all"])
+def test_an_swa_pool_whose_full_half_has_no_layers_verifies_and_catches_a_flip(device, realkv):
+    # A multi-layer EAGLE draft's pool: every layer a sliding-window one, so the full half's real-KV words are one
+    # zero row seen at every slot (row stride 0); its rows still keep each slot's token, position and link.
+    sc = make_scenario("swa", realkv, True, seed=5, num_reqs=3, max_bs=4, prefix_lens=[12, 7, 0],
+                       extend_lens=[1, 1, 9], swa_window=6, max_context=40, full_slots=128, swa_slots=64,
+                       layerless_full=True, device=device)
+    run_both(sc, _ops())
+    assert violations(sc.state) == []
+    sc.plan.prefix_lens[:3] += sc.plan.extend_lens[:3]
+    sc.plan.extend_lens[:3] = 0
+    req = sc.requests[0]
+    p = int(sc.plan.prefix_lens[0]) - 1  # in the window
+    swa_k = next(g for g in sc.state.groups if g.group == GROUP_SWA)
+    swa_k.kv_words[int(sc.state.swa_mapping[req.full_slots[p]]), 0] ^= 1 << 9
+    run_both(sc, _ops(), passes=("pre",))
+    hits = [r for r in violations(sc.state) if (r[1], r[3], r[7]) == (GROUP_SWA * 2 + swa_k.half, p, req.pool_index)]
+    assert hits and hits[0][6] & FINGERPRINT, violations(sc.state)
 
 
 LAYERS = 4

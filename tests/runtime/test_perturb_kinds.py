@@ -464,3 +464,15 @@ def test_device_position_is_uniform_in_its_range_and_invalid_when_empty(seed):
     row, valid = device_row(ctx, torch.tensor([False, True, False, True]))
     assert int(row) in (1, 3) and bool(valid)
     assert not bool(device_row(ctx, torch.tensor([False, False]))[1])
+
+
+def test_real_kv_kinds_never_flip_a_half_that_holds_no_kv():
+    # The full half of an SWA pool with no full layers reads one zero row for every slot: a flip there would
+    # change every slot at once and report what no engine did.
+    from canary_instrument.runtime.perturb.base import pick_group
+
+    sc = make_scenario("swa", "partial", True, seed=3, layerless_full=True)
+    ctx = KindContext(sc.state, random.Random(0), "any")
+    picked = {(g.group, g.half) for g in (pick_group(ctx) for _ in range(200))}
+    assert picked == {(GROUP_SWA, 0), (GROUP_SWA, 1)}
+    assert pick_group(KindContext(sc.state, random.Random(0), "full")) is None

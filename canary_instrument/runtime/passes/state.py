@@ -86,6 +86,10 @@ class CanaryGroup:
     kv_layer_ptrs: Optional["torch.Tensor"] = None
     # int64 [num_slots, layers - 1]: fingerprints of layers 1.. (layer 0's is the row's own field 3); 0 = unwritten.
     layer_fingerprints: Optional["torch.Tensor"] = None
+    # False for the full half of an SWA pool whose full sub-pool has no layers (a draft whose every layer is a
+    # sliding-window one): its rows still keep the slots' bookkeeping, kv_words is one zero row read for every
+    # slot, and no real-KV perturbation flips it.
+    holds_kv: bool = True
 
 
 @dataclass

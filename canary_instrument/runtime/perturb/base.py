@@ -59,7 +59,7 @@ def fingerprinted_bytes(state: Any) -> int:
 def pick_group(ctx: KindContext, swa_ok: bool = True) -> Any:
     """A (group, half) to flip in, uniformly among those the target-group setting allows."""
     want = {"any": (0, 1), "full": (0,), "swa": (1,)}[ctx.target_group]
-    groups = [g for g in ctx.state.groups if g.group in want and (swa_ok or g.group == 0)]
+    groups = [g for g in ctx.state.groups if g.group in want and (swa_ok or g.group == 0) and g.holds_kv]
     return ctx.rng.choice(groups) if groups else None
 
 

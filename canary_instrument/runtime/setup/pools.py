@@ -47,6 +47,8 @@ class _Halves:
     attrs: tuple  # ((attr, half), ...)
     slots: int  # canary rows: one per slot id, padding slot 0 included
     slots_per_row: int  # 1 = token-major buffer rows, page_size = page-major rows
+    holds_kv: bool = True  # False: no layers (_layerless); real-KV words are a zero row shaped as like's
+    like: Optional["_Halves"] = None
 
 
 def _name(obj: Any) -> str:
@@ -88,7 +90,11 @@ def _attach_swa(pool: Any, *, real_kv: str, window: Optional[int], allocator: An
     full = _sub_pool(pool, "full_kv_pool")
     if full is None:
         raise _refuse(pool, "it has swa_kv_pool but no full_kv_pool")
-    subs = {"full_kv_pool": _halves(pool, full), "swa_kv_pool": _halves(pool, pool.swa_kv_pool)}
+    swa = _halves(pool, pool.swa_kv_pool)
+    # A model whose every layer is a sliding-window one (a multi-layer EAGLE draft's MTP layer) leaves the full
+    # sub-pool without layers; its slots are still the ones req_to_token names, so their rows are kept.
+    subs = {"full_kv_pool": _layerless(pool, full, swa) if _has_no_layers(full) else _halves(pool, full),
+            "swa_kv_pool": swa}
     for attr, sub in subs.items():
         if sub.layout != "mha":
             raise _refuse(
@@ -107,6 +113,21 @@ def _attach_swa(pool: Any, *, real_kv: str, window: Optional[int], allocator: An
         f"swa {_describe(subs['swa_kv_pool'].pool, subs['swa_kv_pool'])}; window {int(window)})"
     )
     return AttachedPool("swa", groups, swa_mapping=mapping, swa_window=int(window), description=description)
+
+
+def _has_no_layers(pool: Any) -> bool:
+    """Both per-layer lists there and empty: a sub-pool of a model none of whose layers it serves."""
+    halves = [getattr(pool, attr, None) for attr in ("k_buffer", "v_buffer")]
+    return all(isinstance(h, (list, tuple)) and len(h) == 0 for h in halves)
+
+
+def _layerless(top: Any, pool: Any, like: _Halves) -> _Halves:
+    """The full half of an SWA pool whose full sub-pool has no layers: as many slots as it promises (size +
+    page_size), its real-KV words shaped as ``like``'s (the SWA half's) and read from one zero row."""
+    size, page = getattr(pool, "size", None), getattr(pool, "page_size", None)
+    if not (isinstance(size, int) and isinstance(page, int) and page >= 1):
+        raise _refuse(top, f"its full_kv_pool {type(pool).__qualname__} has no layers and no size and page_size")
+    return _Halves(pool, "mha", like.attrs, size + page, 1, holds_kv=False, like=like)
 
 
 def _swa_mapping(pool: Any, allocator: Any) -> Any:
@@ -213,6 +234,8 @@ def _first_layer(pool: Any, attr: str) -> tuple[int, Any]:
 
 def _describe(pool: Any, halves: _Halves) -> str:
     attrs = ", ".join(a for a, _ in halves.attrs)
+    if not halves.holds_kv:
+        return f"{_name(pool)} (no layers: {halves.slots} slots' rows kept, no real KV to read)"
     _, layer0 = _first_layer(halves.pool, halves.attrs[0][0])
     inner = "" if halves.pool is pool else f" via full_kv_pool {type(halves.pool).__qualname__}"
     rows = "page-major rows" if halves.slots_per_row > 1 else "one row per slot"
@@ -234,6 +257,9 @@ def _groups(halves: _Halves, group: int, real_kv: str) -> list[CanaryGroup]:
 
     out = []
     for attr, half in halves.attrs:
+        if not halves.holds_kv:
+            out.append(_layerless_group(halves, attr, group, half, real_kv))
+            continue
         _, layer0 = _first_layer(halves.pool, attr)
         rows = torch.zeros((halves.slots, 4), dtype=torch.int64, device=layer0.device)
         found = CanaryGroup(group=group, half=half, rows=rows)
@@ -243,6 +269,20 @@ def _groups(halves: _Halves, group: int, real_kv: str) -> list[CanaryGroup]:
             attach_layers(found, [_kv_words(halves, attr, i, layer, real_kv) for i, layer in owned])
         out.append(found)
     return out
+
+
+def _layerless_group(halves: _Halves, attr: str, group: int, half: int, real_kv: str) -> CanaryGroup:
+    """Rows for a half with no layers; its real-KV words one zero row seen at every slot (row stride 0), as wide as
+    the other half's, so the kernels read both halves with one geometry and find nothing to change."""
+    import torch
+
+    _, like0 = _first_layer(halves.like.pool, attr)
+    rows = torch.zeros((halves.slots, 4), dtype=torch.int64, device=like0.device)
+    found = CanaryGroup(group=group, half=half, rows=rows, holds_kv=False)
+    if real_kv != "none":
+        width = _kv_words(halves.like, attr, 0, like0, real_kv).shape[1]
+        attach_layers(found, [torch.zeros((1, width), dtype=torch.int64, device=like0.device).expand(halves.slots, width)])
+    return found
 
 
 def _kv_words(halves: _Halves, attr: str, index: int, layer0: Any, real_kv: str) -> Any:

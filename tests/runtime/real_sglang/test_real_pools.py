@@ -160,3 +160,26 @@ def test_swa_pool_before_its_allocator_exists_is_refused(sg):
     )
     with pytest.raises(UnsupportedPoolError, match=r"no full_to_swa_index_mapping tensor .* after the SWA allocator"):
         attach_pool(pool, real_kv="none", window=8)
+
+
+def test_swa_pool_of_a_model_with_only_sliding_layers_keeps_the_full_slots_rows(sg):
+    # A multi-layer EAGLE draft's MTP layer is a sliding-window one: sglang builds its SWA pool with a full
+    # sub-pool of no layers. The full slots still carry the bookkeeping; the SWA half's real KV is read live.
+    mp, swa = sg.memory_pool, sg.swa_memory_pool
+    kwargs = dict(page_size=1, device="cpu", enable_memory_saver=False, **MHA)
+    pool = swa.SWAKVPool(
+        size=64, size_swa=32, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=32,
+        swa_attention_layer_ids=[0], full_attention_layer_ids=[], device="cpu",
+        token_to_kv_pool_class=mp.MHATokenToKVPool, full_kv_pool_kwargs=kwargs, swa_kv_pool_kwargs=kwargs,
+    )
+    allocator = sg.swa_allocator.SWATokenToKVPoolAllocator(
+        size=64, size_swa=32, page_size=1, dtype=torch.bfloat16, device="cpu", kvcache=pool, need_sort=False
+    )
+    assert pool.full_kv_pool.k_buffer == [] and pool.full_kv_pool.v_buffer == []
+    attached = attach_pool(pool, real_kv="partial", window=8, allocator=allocator)
+    assert [(g.group, g.half, g.rows.shape[0], g.holds_kv) for g in attached.groups] == [
+        (0, 0, 65, False), (0, 1, 65, False), (1, 0, 33, True), (1, 1, 33, True)]
+    full_k, swa_k = attached.groups[0], attached.groups[2]
+    assert swa_k.kv_words.data_ptr() == pool.swa_kv_pool.k_buffer[0].data_ptr()
+    assert full_k.kv_words.shape == (65, swa_k.kv_words.shape[1]) and not full_k.kv_words.any()
+    assert "no layers" in attached.description
