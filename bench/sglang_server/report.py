@@ -166,13 +166,13 @@ def markdown(suites: dict, correctness: list[dict], cost: list[dict], device: st
            "scaffold adds on paths sglang's own wiring leaves bare), on the earlier H100 runs `apply` alone), random "
            "weights (`--load-format dummy`), CUDA graphs on, radix cache on, chunked prefill on.",
            "", "## Correctness (ours, `--kv-canary log --kv-canary-real-data partial`)", "",
-           "| run | machine | model | attention | prefill graph | target forwards | decode steps | requests | "
+           "| suite | run | machine | model | attention | prefill graph | target forwards | decode steps | requests | "
            "tokens generated | prefix tokens reused | `installed` lines | stats lines | violations |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in correctness:
-        model = r["model"] + (f" + {r['draft']}" if r["draft"] else "")
+        model = (r["model"] or "?") + (f" + {r['draft']}" if r["draft"] else "")
         status = "" if r["ok"] else f" (failed: {r['error']})"
-        out.append(f"| {r['run']}{status} | {r['device']} | {model} | {r['attention']} | {r['prefill_graph']} | "
+        out.append(f"| {r['suite']} | {r['run']}{status} | {r['device']} | {model} | {r['attention']} | {r['prefill_graph']} | "
                    f"{r['forwards']} | {r['decode_steps']} | {r['requests']} | {r['generated_tokens']} | "
                    f"{r['cached_tokens']} | {r['installed_lines']} | {r['stats_lines']} | {r['violation_lines']} |")
     out += ["", "## Self-test perturbations (every kind armed at rate 0.02, sweep every 16 steps)", "",
@@ -454,9 +454,15 @@ def main(argv: list[str] | None = None) -> None:
     for suite in sorted(suites):
         for name, run in sorted(suites[suite].items()):
             # Names with a dot are bug runs (BUG.WAY), reported with the corpus.
-            if name != DEVICE and "." not in name and run["json"] and (suite in CORRECTNESS_SUITES or name.startswith("fi-")):
+            wanted = suite in CORRECTNESS_SUITES or name.startswith(("fi-", "mtp-"))
+            if name != DEVICE and "." not in name and (run["json"] or run["log"]) and wanted:
+                # A run without its JSON is one whose process was killed (sglang's own teardown kills the
+                # parent when the scheduler fails at start): its row says what was raised.
                 row = correctness_row(name, run)
+                if not run["json"]:
+                    row["error"] = raised(run["log"]) or "killed before it wrote its result"
                 row["device"] = suites[suite].get(DEVICE, device).split(",")[0]
+                row["suite"] = suite
                 correctness.append(row)
     cost_runs = {name: run for suite in ("cost-a", "cost-b") for name, run in suites.get(suite, {}).items()}
     cost = cost_table(cost_runs) if "off" in cost_runs else []

@@ -227,6 +227,12 @@ def main() -> None:
         os.environ.setdefault("SGLANG_KV_CANARY_PERTURB_SEED", str(args.seed))
     os.environ.setdefault("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "100")
     result = {"argv": sys.argv[1:], **which_sglang()}
+    if args.what == "correctness":
+        model, draft = LAYOUTS[args.layout]
+        result.update(layout=args.layout, model=model, draft=draft)
+    # Written first, and again at the end: sglang's teardown of a scheduler that fails at start kills this
+    # process too, and the report still learns what ran.
+    args.out.write_text(json.dumps({**result, "ok": False, "error": "killed before it finished"}, indent=1) + "\n")
     try:
         result.update({"correctness": correctness, "cost": cost, "stall": stall}[args.what](args))
         result["ok"] = True
