@@ -7,11 +7,12 @@ Which sglang runs is whatever ``import sglang`` finds (``gpu.sh`` sets ``PYTHONP
 The server serves the 32-layer Llama-3-8B with random weights and the word-level tokenizer ``models.py``
 writes beside it (no model hub is reachable), with the settings a user passes for that on this image
 (Triton attention: the carried sgl-kernel has no FA3), everything else sglang's defaults. For each
-request rate, ``bench_serving --dataset-name random-ids`` sends ``--num-prompts`` prompts of random
-token ids (a seed per rate, the same in every way, so no rate reuses another's prompts from the radix
-cache), and its JSON result is kept. The server's log (its processes write to this process's stderr)
-holds sglang's scheduler lines and the canary's, between ``http: begin rate R``/``http: end rate R`` marks; a
-perturbation run (``--perturb``) is scored from it as ``serve.py``'s are.
+request rate, ``bench_serving --dataset-name random-ids`` sends ``--num-prompts`` prompts of token ids
+(runs of consecutive ids from a random start; a seed per rate, the same in every way, so no rate reuses
+another's prompts from the radix cache), and its JSON result is kept; the client runs in this process
+(``bench``). The server's log (its processes write to this process's stderr) holds sglang's scheduler
+lines and the canary's, between ``http: begin rate R``/``http: end rate R`` marks; a perturbation run
+(``--perturb``) is scored from it as ``serve.py``'s are.
 """
 
 from __future__ import annotations
@@ -69,23 +70,28 @@ def wait_ready(server: subprocess.Popen, port: int, limit_s: float) -> None:
 
 
 def bench(args, model: Path, rate: str, prompts: int, seed: int, result_file: Path, mark: str) -> dict:
-    """One ``bench_serving`` run of ``prompts`` prompts at ``rate``; its result line's ``METRICS``."""
-    command = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
-               "--port", str(args.port), "--model", str(model), "--tokenizer", str(model),
-               "--dataset-name", "random-ids", "--num-prompts", str(prompts),
-               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-               "--random-range-ratio", "0.5", "--request-rate", rate, "--seed", str(seed),
-               "--output-file", str(result_file), "--disable-tqdm"]
+    """One ``bench_serving`` run of ``prompts`` prompts at ``rate``; its result line's ``METRICS``.
+
+    sglang's own command line (``python -m sglang.bench_serving`` is ``sglang.benchmark.serving.cli_main``),
+    called in this process with its arguments in ``sys.argv``: its imports (transformers, datasets, ...) take
+    longer than a run, and are paid once, while the server starts."""
+    from sglang.benchmark.serving import cli_main
+
+    sys.argv = ["bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(args.port),
+                "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random-ids",
+                "--num-prompts", str(prompts), "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len), "--random-range-ratio", "0.5", "--request-rate", rate,
+                "--seed", str(seed), "--output-file", str(result_file), "--disable-tqdm"]
     print(f"http: begin {mark}", file=sys.stderr, flush=True)
-    subprocess.run(command, check=True, timeout=args.bench_limit_s, stdout=sys.stderr)
+    cli_main()
     print(f"http: end {mark}", file=sys.stderr, flush=True)
     line = result_file.read_text().strip().splitlines()[-1]
     return {"rate": rate, **{k: json.loads(line).get(k) for k in METRICS}}
 
 
 def stop(server: subprocess.Popen) -> int:
-    """SIGTERM to the server's process group (sglang's own handler tears its processes down), SIGKILL after 30 s."""
-    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+    """SIGTERM to the server's process group (sglang's own handler tears its processes down), SIGKILL after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(server.pid, sig)
         except ProcessLookupError:
@@ -114,7 +120,6 @@ def main() -> None:
     parser.add_argument("--warmup-prompts", type=int, default=16,
                         help="a first bench_serving run at rate inf, not kept: kernels compiled before the timed rates")
     parser.add_argument("--start-limit-s", type=float, default=420)
-    parser.add_argument("--bench-limit-s", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     args = parser.parse_args()
@@ -129,6 +134,8 @@ def main() -> None:
     t0 = time.perf_counter()
     server = subprocess.Popen(server_command(args, model), env=env, stdout=sys.stderr, start_new_session=True)
     try:
+        import sglang.benchmark.serving  # noqa: F401  (its imports while the server starts)
+
         wait_ready(server, args.port, args.start_limit_s)
         result["server_start_s"] = round(time.perf_counter() - t0, 1)
         if args.warmup_prompts:
