@@ -2,7 +2,8 @@
 # The real-sglang run on the GPU machine, from the repository root:
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
-#                                                    corpus1, corpus2, corpus3, cost-a, cost-b)
+#                                                    corpus1, corpus2, corpus3, cost-a, cost-b, http, http-off,
+#                                                    http-ours, http-upstream, deploy, tp2)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -145,6 +146,17 @@ for suite in "$@"; do
             --decode-steps 1000 --mem-fraction 0.9 &
         http http-ours-perturb "$OURS" --kv-canary log --perturb 0.02 --port 30020 --rates 32 inf \
             --max-total-tokens 65536 --mem-fraction 0.9 &
+        wait
+        ;;
+    tp2)
+        # Tensor parallel on two GPUs of one host (nvidia-h200-x2): MHA and MLA, clean and perturbed, at once; each
+        # rank runs its own canary manager, and the lowest rank logs the ranks' combined line.
+        for layout in mha mla; do
+            run "tp2-$layout-clean" "$OURS" correctness --layout "$layout" --tp 2 --decode-steps 1000 \
+                --mem-fraction 0.4 &
+            run "tp2-$layout-perturb" "$OURS" correctness --layout "$layout" --tp 2 --perturb 0.02 \
+                --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.4 &
+        done
         wait
         ;;
     flood)

@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     for suite in sorted(suites):
         for name, run in sorted(suites[suite].items()):
             # Names with a dot are bug runs (BUG.WAY), reported with the corpus.
-            wanted = suite in CORRECTNESS_SUITES or name.startswith(("fi-", "mtp-"))
+            wanted = suite in CORRECTNESS_SUITES or name.startswith(("fi-", "mtp-", "tp2-"))
             if name != DEVICE and "." not in name and (run["json"] or run["log"]) and wanted:
                 # A run without its JSON is one whose process was killed (sglang's own teardown kills the
                 # parent when the scheduler fails at start): its row says what was raised.

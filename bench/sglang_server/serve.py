@@ -60,6 +60,8 @@ def engine_args(args, model_path: Path, draft_path: Path | None) -> dict:
         kw["cuda_graph_backend_prefill"] = args.prefill_graph
     if args.kv_canary_sweep_interval:
         kw["kv_canary_sweep_interval"] = args.kv_canary_sweep_interval
+    if args.tp > 1:  # tensor parallel: one scheduler process and one canary manager per GPU
+        kw["tp_size"] = args.tp
     if args.hicache:  # the host tier under the radix cache: evicted prefixes are written back, then loaded
         kw["enable_hierarchical_cache"] = True
     if draft_path is not None:
@@ -213,6 +215,7 @@ def main() -> None:
                         help="prefill CUDA graph backend (default: sglang's own choice, the breakable graph)")
     parser.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"])
     parser.add_argument("--hicache", action="store_true", help="enable sglang's hierarchical (host-tier) cache")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs)")
     parser.add_argument("--decode-steps", type=int, default=2500)
     parser.add_argument("--pool-tokens", type=int, default=16384)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
