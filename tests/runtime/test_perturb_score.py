@@ -78,3 +78,22 @@ def test_a_flipped_row_bit_read_by_an_eagle_draft_is_attributed_to_it():
     result = score([flipped], [*by_draft, elsewhere])
     assert result.kinds["row_high_bit"].reported == 1
     assert result.unattributed == [elsewhere]
+
+
+def test_each_tensor_parallel_rank_is_scored_on_its_own_lines():
+    # Slot numbers are per rank (each holds its own shard): a report on rank 1 says nothing of rank 0's injection.
+    flip = "kv_canary_perturb= step=55 kind=real_kv_used group=full half=v slot={slot} position=140 req=19 applied=1 byte=14 bit=3 layer=3"
+    report = ("kv_canary violation: kernel=pre_forward group=full half=v reason=fingerprint slot={slot} position=140 "
+              "stored=1 expected=2 req=19 step=55")
+    log = "\n".join([
+        "[2026-11-29 00:35:55 TP0] " + flip.format(slot=2054),
+        "[2026-11-29 00:35:55 TP1] " + flip.format(slot=77),
+        "[2026-11-29 00:35:55 TP1] " + report.format(slot=2054),
+        "[2026-11-29 00:35:55 TP0] " + report.format(slot=2054),
+    ])
+    result = score_log(log)
+    assert (result.injected, result.reported, result.violations) == (2, 1, 2)
+    assert [m.slot for m in result.kinds["real_kv_used"].missed] == [77]
+    assert [v.slot for v in result.unattributed] == [2054]  # rank 1's report, which no rank 1 injection explains
+    # One process (no rank in the prefix): the same lines are one run.
+    assert score_log(log.replace(" TP0]", "]").replace(" TP1]", "]")).unattributed == []

@@ -19,6 +19,7 @@ applied injection is *unattributed*: on a healthy engine there must be none.
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -157,6 +158,34 @@ def score(injections: Iterable[Injection], violations: Iterable[Violation]) -> S
     return result
 
 
+# sglang's log prefix: the time, then the process's ranks when there are several (" TP1", " DP0 TP1", ...).
+_PROCESS = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?((?: [A-Z_]+\d+)*)\] ")
+
+
 def score_log(text: str) -> Score:
-    """Score every ``kv_canary_perturb=`` and ``kv_canary violation:`` line of a log."""
-    return score(Injection.find_all(text), Violation.find_all(text))
+    """Score every ``kv_canary_perturb=`` and ``kv_canary violation:`` line of a log.
+
+    Each process's lines are scored on their own (tensor-parallel ranks each inject into, and report on,
+    their own shard, with slot numbers that mean nothing on another rank), then added up."""
+    by_process: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        found = _PROCESS.match(line)
+        by_process.setdefault(found.group(1) if found else "", []).append(line)
+    scores = [score(Injection.find_all(lines), Violation.find_all(lines))
+              for lines in ("\n".join(group) for group in by_process.values())]
+    return _added(scores) if scores else score([], [])
+
+
+def _added(scores: list[Score]) -> Score:
+    total = Score(kinds={kind: KindScore(kind) for kind in KINDS})
+    for one in scores:
+        for kind, k in one.kinds.items():
+            into = total.kinds.setdefault(kind, KindScore(kind))
+            into.injected += k.injected
+            into.reported += k.reported
+            into.missed += k.missed
+            into.delays += k.delays
+        total.not_applied += one.not_applied
+        total.unattributed += one.unattributed
+        total.violations += one.violations
+    return total
