@@ -81,7 +81,7 @@ def test_a_flipped_row_bit_read_by_an_eagle_draft_is_attributed_to_it():
 
 
 def test_each_tensor_parallel_rank_is_scored_on_its_own_lines():
-    # Slot numbers are per rank (each holds its own shard): a report on rank 1 says nothing of rank 0's injection.
+    # Ranks share slot numbers but each guards its own shard of the heads: rank 1's report is not rank 0's.
     flip = "kv_canary_perturb= step=55 kind=real_kv_used group=full half=v slot={slot} position=140 req=19 applied=1 byte=14 bit=3 layer=3"
     report = ("kv_canary violation: kernel=pre_forward group=full half=v reason=fingerprint slot={slot} position=140 "
               "stored=1 expected=2 req=19 step=55")

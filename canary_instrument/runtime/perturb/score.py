@@ -165,8 +165,9 @@ _PROCESS = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?((?: [A-Z_]+\
 def score_log(text: str) -> Score:
     """Score every ``kv_canary_perturb=`` and ``kv_canary violation:`` line of a log.
 
-    Each process's lines are scored on their own (tensor-parallel ranks each inject into, and report on,
-    their own shard, with slot numbers that mean nothing on another rank), then added up."""
+    Each process's lines are scored on their own, then added up: tensor-parallel ranks share slot numbers but
+    each injects into, and reports on, its own shard of the heads, so a report on one rank says nothing of
+    another rank's injection."""
     by_process: dict[str, list[str]] = {}
     for line in text.splitlines():
         found = _PROCESS.match(line)
