@@ -2,8 +2,9 @@
 # The real-sglang run on the GPU machine, from the repository root:
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
-#                                                    corpus1, corpus2, corpus3, cost-a, cost-b, http, http-off,
-#                                                    http-ours, http-upstream, deploy, tp2)
+#                                                    corpus1, corpus2, corpus3, cost-a, cost-b, cost-1b-a,
+#                                                    cost-1b-b, http, http-off, http-ours, http-upstream,
+#                                                    deploy, tp2)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -238,15 +239,18 @@ for suite in "$@"; do
         done
         wait
         ;;
-    cost-a)
+    cost-a|cost-1b-a)
         # One engine at a time (two calls of at most 10 minutes): off and ours here, then sglang's own
-        # and off again in cost-b, which shows how far two engines of the same code differ.
-        run off "$RELEASE" cost --kv-canary none
-        run ours "$OURS" cost --kv-canary log
+        # and off again in cost-b, which shows how far two engines of the same code differ. cost-1b-*: the
+        # same with Llama-3.2-1B, whose decode step is a few milliseconds.
+        model=llama3-8b; [[ $suite == cost-1b-* ]] && model=llama3.2-1b
+        run off "$RELEASE" cost --model $model --kv-canary none
+        run ours "$OURS" cost --model $model --kv-canary log
         ;;
-    cost-b)
-        run upstream "$RELEASE" cost --kv-canary log
-        run off-again "$RELEASE" cost --kv-canary none
+    cost-b|cost-1b-b)
+        model=llama3-8b; [[ $suite == cost-1b-* ]] && model=llama3.2-1b
+        run upstream "$RELEASE" cost --model $model --kv-canary log
+        run off-again "$RELEASE" cost --model $model --kv-canary none
         ;;
     *)
         echo "gpu.sh: unknown suite $suite" >&2

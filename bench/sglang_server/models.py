@@ -40,6 +40,10 @@ LLAMA3_8B = {
     "torch_dtype": "bfloat16",
 }
 
+# Llama-3.2-1B: 32 query heads, 8 KV heads of 64, 16 layers, tied embeddings (plain rope: the weights are random).
+LLAMA32_1B = {**LLAMA3_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "head_dim": 64, "tie_word_embeddings": True}
+
 # DeepSeek-V2-Lite: MLA with a 512-wide latent and a 64-wide rope part, no q LoRA; the first layer
 # dense, the others mixture-of-experts (64 routed, 6 per token, 2 shared). Plain rope (no YaRN).
 DEEPSEEK_V2_LITE = {
@@ -163,6 +167,7 @@ def with_layers(config: dict, layers: int) -> dict:
 MODELS = {
     # name -> (config, layers or None for all)
     "llama3-8b": (LLAMA3_8B, None),
+    "llama3.2-1b": (LLAMA32_1B, None),
     "llama3-8b-4l": (LLAMA3_8B, 4),
     "llama3-8b-eagle": (LLAMA3_8B_EAGLE, None),
     "deepseek-v2-lite-4l": (DEEPSEEK_V2_LITE, 4),

@@ -36,7 +36,7 @@ LAYOUTS = {
     "mtp": ("step3p5-dense-4l", "step3p5-dense-mtp3"),
 }
 # Cost shapes (batch, context): contexts from 1k to 8k at every batch that fits one H100 with the
-# 32-layer Llama-3-8B (128 KiB of KV per token).
+# 32-layer Llama-3-8B (128 KiB of KV per token); the same for Llama-3.2-1B (32 KiB per token).
 COST_SHAPES = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
 
 
@@ -135,7 +135,7 @@ def cost(args) -> dict:
     import sglang
 
     root = Path(args.models)
-    kw = engine_args(args, write_model("llama3-8b", root), None)
+    kw = engine_args(args, write_model(args.model, root), None)
     kw.update(max_running_requests=256, cuda_graph_bs_decode=sorted({b for b, _ in COST_SHAPES}),
               chunked_prefill_size=8192)
     t0 = time.perf_counter()
@@ -170,7 +170,7 @@ def cost(args) -> dict:
                        "tokens_per_s": round(batch / step, 1)})
         print(f"cost: batch {batch} context {context}: {step * 1e3:.3f} ms/step", file=sys.stderr, flush=True)
     engine.shutdown()
-    return {"kind": "cost", "kv_canary": args.kv_canary, "real_data": args.real_data, "reps": args.reps,
+    return {"kind": "cost", "model": args.model, "kv_canary": args.kv_canary, "real_data": args.real_data, "reps": args.reps,
             "short": args.short, "long": args.long, "engine_start_s": round(started, 1), "shapes": shapes}
 
 
@@ -219,6 +219,7 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=2500)
     parser.add_argument("--pool-tokens", type=int, default=16384)
     parser.add_argument("--mem-fraction", type=float, default=0.85)
+    parser.add_argument("--model", default="llama3-8b", choices=["llama3-8b", "llama3.2-1b"], help="the cost model")
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--short", type=int, default=16)
     parser.add_argument("--long", type=int, default=208)
