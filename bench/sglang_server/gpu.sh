@@ -10,11 +10,18 @@
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
 # (instrument.py: `scaffold`, `apply`, and the gate), then runs the suites named (none: install only). Logs and
 # JSON go to $OUT (or bench/_work/sglang_server) as one archive per suite; report.py reads them.
+#
+# SGLANG_RELEASE=0.5.14 serves that release instead, from its own bundle (.whl/sglang-server-0.5.14, built by
+# `bundle.py --release 0.5.14`) and work folder (/tmp/sglang-server-0.5.14); its archives are named
+# 0.5.14-SUITE.tar.gz, with the folder 0.5.14-SUITE inside. Unset (or 0.5.17): the default release, as before.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
-WORK=${SGLANG_SERVER_WORK:-/tmp/sglang-server}
-BUNDLE=.whl/sglang-server
+SGLANG_RELEASE=${SGLANG_RELEASE:-0.5.17}
+TAG=""; [ "$SGLANG_RELEASE" = 0.5.17 ] || TAG=$SGLANG_RELEASE  # empty for the default release
+WORK=${SGLANG_SERVER_WORK:-/tmp/sglang-server${TAG:+-$TAG}}
+BUNDLE=.whl/sglang-server${TAG:+-$TAG}
+[ -z "$TAG" ] || [ -e "$BUNDLE/SHA256SUMS" ] || { echo "gpu.sh: no $BUNDLE (bundle.py --release $TAG)" >&2; exit 2; }
 DEST=${OUT:-$REPO/bench/_work/sglang_server}
 mkdir -p "$WORK/site" "$WORK/done" "$DEST"
 
@@ -257,5 +264,9 @@ for suite in "$@"; do
         exit 2
         ;;
     esac
-    tar -C "$WORK/runs" -czf "$DEST/$group.tar.gz" "$group"
+    if [ -z "$TAG" ]; then
+        tar -C "$WORK/runs" -czf "$DEST/$group.tar.gz" "$group"
+    else  # another release's archive and the suite folder in it carry its name: report.py keeps it apart
+        tar -C "$WORK/runs" -czf "$DEST/$TAG-$group.tar.gz" --transform "s|^$group|$TAG-$group|" "$group"
+    fi
 done

@@ -43,6 +43,8 @@ SHAPE = re.compile(r"cost: begin batch (\d+) context (\d+)\n(.*?)cost: end batch
 WAYS = {"off": "canary off", "ours": "ours", "upstream": "sglang's own", "off-again": "canary off, again"}
 # Suites whose runs are correctness rows (also a run named fi-*: FlashInfer's attention, in the corpus suite).
 CORRECTNESS_SUITES = ("correctness", "correctness2", "gate", "attrib")
+# A suite another release ran (gpu.sh with SGLANG_RELEASE=0.5.14): its archive's folder is "0.5.14-gate" and so on.
+OTHER_RELEASE = re.compile(r"^(\d+(?:\.\d+)+)-")
 
 
 def read_runs(folder: Path) -> dict[str, dict[str, dict]]:
@@ -202,7 +204,9 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
            f"{first_meta(suites).get('sglang')} (unmodified for canary off and sglang's own canary; for ours a copy "
            "instrumented by the tool: on the H200 runs `scaffold` then `apply` (`instrument.py`, with the sites "
            "scaffold adds on paths sglang's own wiring leaves bare), on the earlier H100 runs `apply` alone), random "
-           "weights (`--load-format dummy`), CUDA graphs on, radix cache on, chunked prefill on.",
+           "weights (`--load-format dummy`), CUDA graphs on, radix cache on, chunked prefill on."
+           + ("".join(f" Suites and runs named `{r}-...` ran sglang {r} instead."
+                      for r in sorted({m.group(1) for m in map(OTHER_RELEASE.match, suites) if m}))),
            "", "## Correctness (ours, `--kv-canary log --kv-canary-real-data partial`)", "",
            "| suite | run | machine | model | attention | prefill graph | target forwards | decode steps | requests | "
            "tokens generated | prefix tokens reused | `installed` lines | stats lines | violations |",
@@ -343,7 +347,9 @@ def http_markdown(suites: dict) -> list[str]:
 
 
 def first_meta(suites: dict) -> dict:
-    for runs in suites.values():
+    for suite, runs in suites.items():
+        if OTHER_RELEASE.match(suite):
+            continue
         for name, run in runs.items():
             if name != DEVICE and run["json"]:
                 return run["json"]
@@ -468,9 +474,10 @@ def main(argv: list[str] | None = None) -> None:
     device = (args.folder / "device.txt").read_text().strip() if (args.folder / "device.txt").exists() else "?"
     correctness = []
     for suite in sorted(suites):
+        other = OTHER_RELEASE.match(suite)
         for name, run in sorted(suites[suite].items()):
             # Names with a dot are bug runs (BUG.WAY), reported with the corpus.
-            wanted = suite in CORRECTNESS_SUITES or name.startswith(("fi-", "mtp-", "tp2-"))
+            wanted = OTHER_RELEASE.sub("", suite) in CORRECTNESS_SUITES or name.startswith(("fi-", "mtp-", "tp2-"))
             if name != DEVICE and "." not in name and (run["json"] or run["log"]) and wanted:
                 # A run without its JSON is one whose process was killed (sglang's own teardown kills the
                 # parent when the scheduler fails at start): its row says what was raised.
@@ -479,6 +486,8 @@ def main(argv: list[str] | None = None) -> None:
                     row["error"] = raised(run["log"]) or "killed before it wrote its result"
                 row["device"] = suites[suite].get(DEVICE, device).split(",")[0]
                 row["suite"] = suite
+                if other:  # the release in the run's name too: the perturbation table has no suite column
+                    row["run"] = f"{other.group(1)}-{name}"
                 correctness.append(row)
     cost = {}
     for model, (pair, _, _) in COST_MODELS.items():

@@ -202,3 +202,74 @@ def test_the_written_tokenizer_encodes_any_decoded_ids_back_to_the_same_ids(tmp_
     assert tokenizer.encode(tokenizer.decode(ids)).ids == ids
     assert tokenizer.get_vocab_size() == 128256
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+
+
+# The second release, sglang 0.5.14 (gpu.sh with SGLANG_RELEASE=0.5.14, bundle.py --release 0.5.14).
+
+
+def lock_release(lock: Path) -> str:
+    """The sglang release a lock pins."""
+    return next(line.split()[1].split("-")[1] for line in lock.read_text().splitlines()
+                if line and not line.startswith("#") and line.split()[1].startswith("sglang-"))
+
+
+def test_the_0_5_14_lock_pins_every_wheel_by_sha256_and_the_trim_of_its_kernel():
+    lock = bundle.lock_file("0.5.14")
+    assert lock == HERE / "wheels-0.5.14.lock" and bundle.lock_file("0.5.17") == HERE / "wheels.lock"
+    assert bundle.bundle_dir("0.5.14") == Path(".whl/sglang-server-0.5.14")
+    assert bundle.bundle_dir(bundle.DEFAULT_RELEASE) == Path(".whl/sglang-server")
+    pins, trimmed = bundle.read_lock(lock)
+    assert len(pins) > 50 and len(trimmed) == 1
+    assert all(len(d) == 64 and int(d, 16) >= 0 for d in [*pins.values(), *trimmed.values()])
+    assert all(name.endswith(".whl") for name in pins)
+    assert set(trimmed) <= set(pins)
+    assert lock_release(lock) == "0.5.14"
+    # 0.5.14's exact pins (its METADATA's Requires-Dist) among the wheels carried; none of 0.5.17's left behind.
+    versions = {name.split("-")[0]: name.split("-")[1] for name in pins}
+    assert {k: versions.get(k) for k in ("sglang_kernel", "flashinfer_python", "transformers", "apache_tvm_ffi",
+                                         "sgl_deep_gemm", "openai", "openai_harmony", "xgrammar", "soundfile",
+                                         "blobfile")} == {
+        "sglang_kernel": "0.4.4", "flashinfer_python": "0.6.12", "transformers": "5.8.1", "apache_tvm_ffi": "0.1.9",
+        "sgl_deep_gemm": "0.1.3", "openai": "2.6.1", "openai_harmony": "0.0.4", "xgrammar": "0.2.1",
+        "soundfile": "0.13.1", "blobfile": "3.0.0"}
+    assert versions["llguidance"].startswith("0.7.") and next(iter(trimmed)).startswith("sglang_kernel-0.4.4-")
+
+
+def test_the_0_5_14_release_is_instrumented_with_a_green_gate(tmp_path):
+    """gpu.sh's step before any GPU work, on the release SGLANG_RELEASE=0.5.14 serves (the one its lock pins)."""
+    from tests.realtree.conftest import sglang_srt
+
+    package = sglang_srt(lock_release(bundle.lock_file("0.5.14"))).parent
+    dest = tmp_path / "ours" / "sglang"
+    proc = subprocess.run([sys.executable, str(HERE / "instrument.py"), str(package), str(dest)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("-> exit 0") == 4
+    prefill = (dest / "srt/model_executor/runner/prefill_cuda_graph_runner.py").read_text()
+    assert "canary_ctx = self.canary_ctx(active=0)" in prefill
+    assert "canary_warmup_ctx = self.canary_ctx(active=0)" in prefill
+    assert not (tmp_path / "ours" / "sglang.tmp").exists()
+
+
+def test_report_keeps_another_release_s_archive_apart(tmp_path):
+    # gpu.sh with SGLANG_RELEASE=0.5.14 writes 0.5.14-gate.tar.gz holding the folder 0.5.14-gate.
+    import json
+    import tarfile
+
+    results = HERE / "results"
+    folder = tmp_path / "results"
+    shutil.copytree(results, folder)
+    with tarfile.open(results / "gate.tar.gz") as src, tarfile.open(folder / "0.5.14-gate.tar.gz", "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member) if member.isfile() else None
+            member.name = member.name.replace("gate", "0.5.14-gate", 1)
+            dst.addfile(member, data)
+    report.main([str(folder)])
+    rows = json.loads((folder / "results.json").read_text())["correctness"]
+    default = json.loads((results / "results.json").read_text())["correctness"]
+    assert [r for r in rows if not r["suite"].startswith("0.5.14-")] == default
+    ours = [r for r in rows if r["suite"] == "0.5.14-gate"]
+    gate = [f"0.5.14-{r['run']}" for r in default if r["suite"] == "gate"]
+    assert ours and sorted(r["run"] for r in ours) == sorted(gate)
+    page = (folder / "RESULTS.md").read_text()
+    assert "Release: sglang 0.5.17 " in page and "Suites and runs named `0.5.14-...` ran sglang 0.5.14 instead." in page
