@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -72,18 +73,17 @@ def wait_ready(server: subprocess.Popen, port: int, limit_s: float) -> None:
 def bench(args, model: Path, rate: str, prompts: int, seed: int, result_file: Path, mark: str) -> dict:
     """One ``bench_serving`` run of ``prompts`` prompts at ``rate``; its result line's ``METRICS``.
 
-    sglang's own command line (``python -m sglang.bench_serving`` is ``sglang.benchmark.serving.cli_main``),
-    called in this process with its arguments in ``sys.argv``: its imports (transformers, datasets, ...) take
-    longer than a run, and are paid once, while the server starts."""
-    from sglang.benchmark.serving import cli_main
-
+    sglang's own command line, ``python -m sglang.bench_serving``, run in this process (``runpy``, with its
+    arguments in ``sys.argv``): its imports (transformers, datasets, ...) take longer than a run, and are paid
+    once, while the server starts. Releases differ in where its code lives (0.5.17 moved it to
+    ``sglang.benchmark.serving``, 0.5.14 runs it under ``__main__``); the module as a command runs in both."""
     sys.argv = ["bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(args.port),
                 "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random-ids",
                 "--num-prompts", str(prompts), "--random-input-len", str(args.input_len),
                 "--random-output-len", str(args.output_len), "--random-range-ratio", "0.5", "--request-rate", rate,
                 "--seed", str(seed), "--output-file", str(result_file), "--disable-tqdm"]
     print(f"http: begin {mark}", file=sys.stderr, flush=True)
-    cli_main()
+    runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
     print(f"http: end {mark}", file=sys.stderr, flush=True)
     line = result_file.read_text().strip().splitlines()[-1]
     return {"rate": rate, **{k: json.loads(line).get(k) for k in METRICS}}
@@ -134,7 +134,7 @@ def main() -> None:
     t0 = time.perf_counter()
     server = subprocess.Popen(server_command(args, model), env=env, stdout=sys.stderr, start_new_session=True)
     try:
-        import sglang.benchmark.serving  # noqa: F401  (its imports while the server starts)
+        import sglang.bench_serving  # noqa: F401  (its imports while the server starts)
 
         wait_ready(server, args.port, args.start_limit_s)
         result["server_start_s"] = round(time.perf_counter() - t0, 1)
