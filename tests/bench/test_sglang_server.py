@@ -139,19 +139,21 @@ def test_cost_refuses_lines_that_cover_other_steps():
         report.cost_table({"off": off, "ours": ours})
 
 
-def gpu_release() -> str:
-    """The sglang release gpu.sh serves: the one wheels.lock pins."""
-    return next(line.split()[1].split("-")[1] for line in (HERE / "wheels.lock").read_text().splitlines()
+def lock_release(lock: Path) -> str:
+    """The sglang release a lock pins."""
+    return next(line.split()[1].split("-")[1] for line in lock.read_text().splitlines()
                 if line and not line.startswith("#") and line.split()[1].startswith("sglang-"))
 
 
-def test_the_release_gpu_sh_serves_is_instrumented_with_a_green_gate(tmp_path):
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.14"])
+def test_the_release_gpu_sh_serves_is_instrumented_with_a_green_gate(tmp_path, release):
     """gpu.sh's step before any GPU work (instrument.py): scaffold and apply on a copy of the release's
-    package, then `apply --check` and `check` exit 0 with no finding. Run here on the CPU, so CI sees
-    a break of it before a GPU machine does."""
+    package (the one its lock pins: wheels.lock by default, SGLANG_RELEASE=0.5.14 its own), then `apply
+    --check` and `check` exit 0 with no finding. Run here on the CPU, so CI sees a break of it before a GPU
+    machine does."""
     from tests.realtree.conftest import sglang_srt
 
-    package = sglang_srt(gpu_release()).parent
+    package = sglang_srt(lock_release(bundle.lock_file(release))).parent
     dest = tmp_path / "ours" / "sglang"
     proc = subprocess.run([sys.executable, str(HERE / "instrument.py"), str(package), str(dest)],
                           capture_output=True, text=True, timeout=900)
@@ -181,7 +183,7 @@ def test_every_bug_of_the_corpus_applies_to_the_release_gpu_sh_serves(tmp_path):
     from tests.realtree.conftest import sglang_srt
 
     bugs = load("bugs")
-    package = sglang_srt(gpu_release()).parent
+    package = sglang_srt(lock_release(bundle.lock_file("0.5.17"))).parent
     for name, bug in bugs.BUGS.items():
         source = (package / "srt" / bug.path).read_text()
         assert source.count(bug.old) == 1, f"{name}: {bug.path}"
@@ -207,12 +209,6 @@ def test_the_written_tokenizer_encodes_any_decoded_ids_back_to_the_same_ids(tmp_
 # The second release, sglang 0.5.14 (gpu.sh with SGLANG_RELEASE=0.5.14, bundle.py --release 0.5.14).
 
 
-def lock_release(lock: Path) -> str:
-    """The sglang release a lock pins."""
-    return next(line.split()[1].split("-")[1] for line in lock.read_text().splitlines()
-                if line and not line.startswith("#") and line.split()[1].startswith("sglang-"))
-
-
 def test_the_0_5_14_lock_pins_every_wheel_by_sha256_and_the_trim_of_its_kernel():
     lock = bundle.lock_file("0.5.14")
     assert lock == HERE / "wheels-0.5.14.lock" and bundle.lock_file("0.5.17") == HERE / "wheels.lock"
@@ -233,22 +229,6 @@ def test_the_0_5_14_lock_pins_every_wheel_by_sha256_and_the_trim_of_its_kernel()
         "sgl_deep_gemm": "0.1.3", "openai": "2.6.1", "openai_harmony": "0.0.4", "xgrammar": "0.2.1",
         "soundfile": "0.13.1", "blobfile": "3.0.0"}
     assert versions["llguidance"].startswith("0.7.") and next(iter(trimmed)).startswith("sglang_kernel-0.4.4-")
-
-
-def test_the_0_5_14_release_is_instrumented_with_a_green_gate(tmp_path):
-    """gpu.sh's step before any GPU work, on the release SGLANG_RELEASE=0.5.14 serves (the one its lock pins)."""
-    from tests.realtree.conftest import sglang_srt
-
-    package = sglang_srt(lock_release(bundle.lock_file("0.5.14"))).parent
-    dest = tmp_path / "ours" / "sglang"
-    proc = subprocess.run([sys.executable, str(HERE / "instrument.py"), str(package), str(dest)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("-> exit 0") == 4
-    prefill = (dest / "srt/model_executor/runner/prefill_cuda_graph_runner.py").read_text()
-    assert "canary_ctx = self.canary_ctx(active=0)" in prefill
-    assert "canary_warmup_ctx = self.canary_ctx(active=0)" in prefill
-    assert not (tmp_path / "ours" / "sglang.tmp").exists()
 
 
 def test_report_keeps_another_release_s_archive_apart(tmp_path):
