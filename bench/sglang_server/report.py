@@ -406,8 +406,10 @@ def bugs_markdown(suites: dict) -> list[str]:
            "then is killed). MHA (Llama-3-8B heads, 4 layers), `--kv-canary log` unless said."]
     if flood:
         out += ["", "### A flood: every decode step corrupts what every request reads (`decode_table_shift`)", "",
-                "One engine at a time, 3000 planned decode steps each, the same workload; *warm-up* is the first "
-                "engine on the machine (Triton compiles the canary's kernels for each batch bucket it meets).", "",
+                "3000 planned decode steps each, the same workload; *warm-up* is the first engine on the machine "
+                "(Triton compiles the canary's kernels for each batch bucket it meets). Then a clean and a flood "
+                "engine, twice (`gpu.sh flood` starts each pair at once; archives made before that ran them one "
+                "at a time, README.md says which).", "",
                 "| run | serving time (s) | median decode step (ms) | violations (device total) | logged in full | "
                 "summary lines |", "|---|---|---|---|---|---|"]
         serve, step = {}, {}
