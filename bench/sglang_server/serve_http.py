@@ -83,7 +83,11 @@ def bench(args, model: Path, rate: str, prompts: int, seed: int, result_file: Pa
                 "--random-output-len", str(args.output_len), "--random-range-ratio", "0.5", "--request-rate", rate,
                 "--seed", str(seed), "--output-file", str(result_file), "--disable-tqdm"]
     print(f"http: begin {mark}", file=sys.stderr, flush=True)
-    runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:  # a command may end with sys.exit; only a failure is one here
+        if exit_.code not in (None, 0):
+            raise RuntimeError(f"bench_serving exited with {exit_.code} at rate {rate}") from None
     print(f"http: end {mark}", file=sys.stderr, flush=True)
     line = result_file.read_text().strip().splitlines()[-1]
     return {"rate": rate, **{k: json.loads(line).get(k) for k in METRICS}}
