@@ -4,7 +4,7 @@
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
 #                                                    corpus1, corpus2, corpus3, cost-a, cost-b, cost-1b-a,
 #                                                    cost-1b-b, http, http-off, http-ours, http-upstream,
-#                                                    deploy, tp2)
+#                                                    deploy, tp2, profile)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -167,6 +167,18 @@ for suite in "$@"; do
                 --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.4 &
         done
         wait
+        ;;
+    profile)
+        # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B, batch 1 x 1k, sglang's own
+        # profiler over 64 decode steps, canary off then ours. The traces (tens of MB) stay on the machine; the
+        # archive keeps each way's log and summary.json.
+        for way in none log; do
+            path=$RELEASE; [ $way = log ] && path=$OURS
+            PYTHONPATH=$path timeout 400 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
+                --kv-canary $way >"$RUNS/profile-$way.log" 2>&1
+            echo "gpu.sh: profile-$way exit $? ($(date +%T))"
+            cp "$WORK/traces/$way/summary.json" "$RUNS/profile-$way.summary.json" 2>/dev/null
+        done
         ;;
     flood)
         # A bug that corrupts what every request reads at every step (bugs.py decode_table_shift), served

@@ -240,6 +240,7 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
             out += cost_markdown(model, suites, cost[model], device)
     out += stall_markdown(suites)
     out += http_markdown(suites)
+    out += profile_markdown(suites)
     out += bugs_markdown(suites)
     return "\n".join(out) + "\n"
 
@@ -343,6 +344,28 @@ def http_markdown(suites: dict) -> list[str]:
         out.append(f"| **all** | {score['injected']} | {score['reported']} | {score['injected'] - score['reported']} | "
                    f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
                    f"not applied {score['not_applied']} |")
+    return out
+
+
+def profile_markdown(suites: dict) -> list[str]:
+    """The per-step profile (profile_step.py, ``profile`` suite): each way's trace summary, median per decode step."""
+    runs = {name.removeprefix("profile-").removesuffix(".summary"): run["json"]
+            for name, run in suites.get("profile", {}).items() if name.endswith(".summary") and run["json"]}
+    if not runs:
+        return []
+    out = ["", "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)", "",
+           f"Machine: {suites['profile'].get(DEVICE, '?')}. Llama-3-8B (32 layers), batch 1 x 1024 context, decode "
+           "graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
+           "frames on the thread that replays the graph; calls: CUDA runtime calls (and host reads of device values) "
+           "made inside them; kernels: the device time of the canary's own kernels.", "",
+           "| way | step (us) | canary host (us) | canary kernels (us) | syncs per step | calls inside canary frames |",
+           "|---|---|---|---|---|---|"]
+    for way, summary in sorted(runs.items()):
+        for s in summary.values():
+            calls = ", ".join(f"{n} {c['per_step']:g}/step ({c['total']} in all)"
+                              for n, c in s["calls_in_canary_frames"].items()) or "-"
+            out.append(f"| {way} | {s['step_us']:.1f} | {s['canary_host_us']:.1f} | {s['canary_device_us']:.1f} | "
+                       f"{s['syncs_per_step']:g} | {calls} |")
     return out
 
 

@@ -1,0 +1,192 @@
+"""Where the canary's time goes in a real sglang decode step: sglang's own profiler, then a per-step summary.
+
+    python bench/sglang_server/profile_step.py run --out DIR [--kv-canary none|log] [--batch 1] [--context 1024]
+    python bench/sglang_server/profile_step.py analyse TRACE... [--json OUT]
+
+``run`` (on the GPU machine; which sglang runs is whatever ``import sglang`` finds, as for ``serve.py``)
+starts ``sglang.Engine`` with the 32-layer Llama-3-8B as ``serve.py cost`` does, a decode CUDA graph for
+``--batch`` only, prefills the prompts once, warms up, then has sglang's scheduler profile ``--steps``
+forwards of a decode run (``Engine.start_profile(num_steps=..., activities=["CPU", "GPU"],
+with_stack=True)``: a torch profiler trace, ``*.trace.json.gz``, written by the scheduler into DIR), and
+analyses it.
+
+``analyse`` reads chrome traces (json or json.gz) and reports, per decode step (the median over steps):
+
+- the step: the time between consecutive ``cudaGraphLaunch`` calls of the thread that replays the decode
+  graph (one replay per decode step);
+- the canary's host time: the outermost Python frames of ``canary_instrument/`` on that thread (with
+  ``with_stack`` every Python call is an event; nested ones are inside their caller's time);
+- what those frames send to the device outside the graph: CUDA runtime calls made inside them (launches,
+  copies, synchronisations), and the aten ops among them that read a device value to the host
+  (``aten::item``, ``aten::_local_scalar_dense``);
+- the device time of the canary's kernels (``canary_*``, inside the graph or not) per step;
+- the canary functions taking the most host time per step.
+
+The analysis needs no torch: it runs on any machine over a trace brought back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+CANARY_FRAME = "canary_instrument/"
+SYNCS = ("Synchronize", "aten::item", "aten::_local_scalar_dense")
+
+
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def outermost(frames: list[dict]) -> list[dict]:
+    """The frames not inside another of the list (one thread's events, any order)."""
+    out: list[dict] = []
+    for e in sorted(frames, key=lambda e: (e["ts"], -e["dur"])):
+        if out and e["ts"] + e["dur"] <= out[-1]["ts"] + out[-1]["dur"]:
+            continue
+        out.append(e)
+    return out
+
+
+def analyse(events: list[dict], top: int = 15) -> dict:
+    """The per-step summary of one trace (see the module docstring)."""
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"]
+    if len(launches) < 2:
+        raise ValueError("fewer than two cudaGraphLaunch calls: no decode step to measure")
+    by_thread = defaultdict(list)
+    for e in launches:
+        by_thread[(e["pid"], e["tid"])].append(e)
+    thread = max(by_thread, key=lambda t: len(by_thread[t]))  # the thread replaying the decode graph
+    starts = sorted(e["ts"] for e in by_thread[thread])
+    on_thread = [e for e in events if (e["pid"], e["tid"]) == thread]
+    canary = outermost([e for e in on_thread if e.get("cat") == "python_function" and CANARY_FRAME in e["name"]])
+    frame_starts = [f["ts"] for f in canary]
+
+    def step_of(ts: float) -> int | None:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i if 0 <= i < len(starts) - 1 else None
+
+    def inside_canary(e: dict) -> bool:
+        i = bisect.bisect_right(frame_starts, e["ts"]) - 1
+        return i >= 0 and e["ts"] + e["dur"] <= canary[i]["ts"] + canary[i]["dur"]
+
+    steps = len(starts) - 1
+    host = [0.0] * steps
+    calls = [defaultdict(lambda: [0, 0.0]) for _ in range(steps)]
+    functions: dict[str, float] = defaultdict(float)
+    for f in canary:
+        s = step_of(f["ts"])
+        if s is not None:
+            host[s] += f["dur"]
+    for e in on_thread:
+        s = step_of(e["ts"])
+        if s is None:
+            continue
+        if e.get("cat") == "python_function" and CANARY_FRAME in e["name"]:
+            functions[e["name"]] += e["dur"]  # inclusive, nested calls included in each caller
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver", "cpu_op") and inside_canary(e):
+            if e.get("cat") == "cpu_op" and not any(k in e["name"] for k in SYNCS):
+                continue
+            calls[s][e["name"]][0] += 1
+            calls[s][e["name"]][1] += e["dur"]
+    device = [0.0] * steps
+    for e in events:
+        if e.get("cat") == "kernel" and e["name"].startswith("canary_"):
+            s = step_of(e["ts"])  # a kernel runs after its launch, within the step that launched it or just after
+            if s is not None:
+                device[s] += e["dur"]
+    step_us = [b - a for a, b in zip(starts, starts[1:])]
+    names = sorted({n for c in calls for n in c})
+    return {
+        "steps": steps,
+        "step_us": statistics.median(step_us),
+        "canary_host_us": statistics.median(host),
+        "canary_device_us": statistics.median(device),
+        # Median per step, and the run's total count: a call made once every N steps has a median of 0.
+        "calls_in_canary_frames": {n: {"per_step": statistics.median(c[n][0] for c in calls),
+                                       "us_per_step": statistics.median(c[n][1] for c in calls),
+                                       "total": sum(c[n][0] for c in calls)} for n in names},
+        "syncs_per_step": statistics.median(sum(c[n][0] for n in c if any(k in n for k in SYNCS)) for c in calls),
+        "top_functions_us_per_step": dict(sorted(((n, t / steps) for n, t in functions.items()),
+                                                 key=lambda kv: -kv[1])[:top]),
+    }
+
+
+def table(name: str, s: dict) -> str:
+    lines = [f"{name}: {s['steps']} decode steps, median step {s['step_us']:.1f} us; canary host "
+             f"{s['canary_host_us']:.1f} us, canary kernels {s['canary_device_us']:.1f} us, "
+             f"syncs {s['syncs_per_step']:g} per step"]
+    for call, c in s["calls_in_canary_frames"].items():
+        lines.append(f"  {call:<40} {c['per_step']:>5g} per step {c['us_per_step']:>8.1f} us  ({c['total']} in all)")
+    for fn, us in s["top_functions_us_per_step"].items():
+        lines.append(f"  {us:>8.1f} us  {fn}")
+    return "\n".join(lines)
+
+
+def run(args) -> None:
+    import random
+
+    import sglang
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from models import write_model
+    from serve import engine_args
+
+    out = args.out / args.kv_canary  # one folder per way: the scheduler names its trace by a time stamp
+    out.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(attention_backend="triton", seed=1, kv_canary=args.kv_canary, real_data="partial",
+                            mem_fraction=0.85, prefill_graph="disabled", kv_canary_sweep_interval=0, hicache=False,
+                            tp=1)
+    kw = engine_args(ns, write_model("llama3-8b", Path(args.models)), None)
+    kw.update(max_running_requests=args.batch, cuda_graph_bs_decode=[args.batch], chunked_prefill_size=8192)
+    engine = sglang.Engine(**kw)
+    rng = random.Random(args.batch * 100003 + args.context)
+    prompts = [[rng.randrange(1, 128000) for _ in range(args.context)] for _ in range(args.batch)]
+    params = {"temperature": 0.0, "ignore_eos": True}
+    engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 1})
+    engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 32})
+    engine.start_profile(output_dir=str(out), num_steps=args.steps, activities=["CPU", "GPU"], with_stack=True)
+    engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": args.steps + 16})
+    engine.shutdown()
+    summary = {f"{args.kv_canary}/{t.name}": analyse(load_events(t)) for t in sorted(out.glob("*.trace.json*"))}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    for name, s in summary.items():
+        print(table(name, s))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--kv-canary", default="log", choices=["none", "log"])
+    r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--context", type=int, default=1024)
+    r.add_argument("--steps", type=int, default=64)
+    r.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
+    a = sub.add_parser("analyse")
+    a.add_argument("traces", type=Path, nargs="+")
+    a.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.what == "run":
+        return run(args)
+    summary = {str(t): analyse(load_events(t)) for t in args.traces}
+    for name, s in summary.items():
+        print(table(name, s))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

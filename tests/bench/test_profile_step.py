@@ -1,0 +1,89 @@
+"""bench/sglang_server/profile_step.py: the per-step summary of a torch profiler trace, on a trace built here."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[2] / "bench" / "sglang_server"
+spec = importlib.util.spec_from_file_location("bench_sglang_server_profile_step", HERE / "profile_step.py")
+profile_step = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = profile_step
+spec.loader.exec_module(profile_step)
+
+SCHED = {"pid": 1, "tid": 7}
+
+
+def ev(cat, name, ts, dur, **where):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **(where or SCHED)}
+
+
+def decode_steps(n=4, step=1000.0):
+    """n decode steps of `step` us on the scheduler thread: a site entry (canary frame with a nested one),
+    the graph launch, a site exit that launches one kernel and once reads a value back; the canary's kernel
+    runs inside each graph replay."""
+    events = []
+    for i in range(n + 1):
+        t = i * step
+        events += [
+            ev("python_function", "canary_instrument/runtime/setup/sites.py(140): __enter__", t, 6),
+            ev("python_function", "canary_instrument/runtime/step/steps.py(45): end", t + 1, 2),
+            ev("python_function", "sglang/srt/model_executor/model_runner.py(1390): forward", t + 7, 40),
+            ev("cuda_runtime", "cudaGraphLaunch", t + 10, 8),
+            ev("python_function", "canary_instrument/runtime/setup/sites.py(206): __exit__", t + 50, 10),
+            ev("cuda_runtime", "cudaLaunchKernel", t + 52, 3),
+            ev("cuda_runtime", "cudaLaunchKernel", t + 70, 3),  # the engine's own, outside canary frames
+            ev("kernel", "canary_pre_forward", t + 100, 4, pid=0, tid=3),
+            ev("kernel", "flash_decode", t + 110, 300, pid=0, tid=3),
+        ]
+        if i == 1:
+            events.append(ev("cpu_op", "aten::item", t + 55, 4))
+            events.append(ev("cuda_runtime", "cudaStreamSynchronize", t + 56, 2))
+    events.append(ev("cuda_runtime", "cudaGraphLaunch", 0.5, 8, pid=1, tid=9))  # another thread, once
+    return events
+
+
+def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_the_device(tmp_path):
+    path = tmp_path / "x-TP-0.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": decode_steps()}, f)
+    s = profile_step.analyse(profile_step.load_events(path))
+    assert s["steps"] == 4 and s["step_us"] == 1000.0
+    assert s["canary_host_us"] == 16.0  # __enter__ 6 (its nested `end` inside it) + __exit__ 10
+    assert s["canary_device_us"] == 4.0
+    assert s["calls_in_canary_frames"]["cudaLaunchKernel"] == {"per_step": 1, "us_per_step": 3.0, "total": 4}
+    assert s["calls_in_canary_frames"]["aten::item"]["total"] == 1
+    assert "cudaGraphLaunch" not in s["calls_in_canary_frames"]  # the engine's, between the canary's frames
+    assert s["syncs_per_step"] == 0  # one step of four read a value back: the median step does not
+    top = s["top_functions_us_per_step"]
+    assert list(top)[0].endswith("__exit__") and top[next(iter(top))] == 10.0
+
+
+def test_a_trace_without_two_graph_replays_is_refused():
+    with pytest.raises(ValueError, match="cudaGraphLaunch"):
+        profile_step.analyse([ev("cuda_runtime", "cudaGraphLaunch", 0, 5)])
+
+
+def test_the_report_shows_each_ways_summary(tmp_path):
+    # gpu.sh's profile suite archives profile-<way>.summary.json; report.py turns them into one table.
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("bench_sglang_server_report_p", HERE / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = report
+    spec.loader.exec_module(report)
+    summary = profile_step.analyse(decode_steps())
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    (folder / "profile-log.summary.json").write_text(json.dumps({"log/x.trace.json.gz": summary}))
+    (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
+    with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname="profile")
+    lines = report.profile_markdown(report.read_runs(tmp_path))
+    assert "| log | 1000.0 | 16.0 | 4.0 | 0 | aten::item 0/step (1 in all), cudaLaunchKernel 1/step (4 in all), " \
+           "cudaStreamSynchronize 0/step (1 in all) |" in lines
