@@ -174,7 +174,7 @@ for suite in "$@"; do
         # archive keeps each way's log and summary.json.
         for way in none log; do
             path=$RELEASE; [ $way = log ] && path=$OURS
-            PYTHONPATH=$path timeout 400 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
+            PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
                 --kv-canary $way >"$RUNS/profile-$way.log" 2>&1
             echo "gpu.sh: profile-$way exit $? ($(date +%T))"
             cp "$WORK/traces/$way/summary.json" "$RUNS/profile-$way.summary.json" 2>/dev/null

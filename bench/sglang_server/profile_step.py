@@ -38,7 +38,9 @@ from collections import defaultdict
 from pathlib import Path
 
 CANARY_FRAME = "canary_instrument/"
-SYNCS = ("Synchronize", "aten::item", "aten::_local_scalar_dense")
+# A host read of a device value is one aten::_local_scalar_dense (under aten::item, .tolist(), int(t), ...);
+# an explicit wait is a cuda*Synchronize call.
+SYNCS = ("Synchronize", "aten::_local_scalar_dense")
 
 
 def load_events(path: Path) -> list[dict]:
@@ -53,7 +55,7 @@ def outermost(frames: list[dict]) -> list[dict]:
     """The frames not inside another of the list (one thread's events, any order)."""
     out: list[dict] = []
     for e in sorted(frames, key=lambda e: (e["ts"], -e["dur"])):
-        if out and e["ts"] + e["dur"] <= out[-1]["ts"] + out[-1]["dur"]:
+        if out and e["ts"] < out[-1]["ts"] + out[-1]["dur"]:  # starts inside the last outermost frame
             continue
         out.append(e)
     return out
@@ -149,14 +151,17 @@ def run(args) -> None:
                             mem_fraction=0.85, prefill_graph="disabled", kv_canary_sweep_interval=0, hicache=False,
                             tp=1)
     kw = engine_args(ns, write_model("llama3-8b", Path(args.models)), None)
-    kw.update(max_running_requests=args.batch, cuda_graph_bs_decode=[args.batch], chunked_prefill_size=8192)
+    # As serve.py cost (where the batch-1 figure was measured): a 256-request pool, a decode graph for the batch.
+    kw.update(max_running_requests=256, cuda_graph_bs_decode=[args.batch], chunked_prefill_size=8192)
     engine = sglang.Engine(**kw)
     rng = random.Random(args.batch * 100003 + args.context)
     prompts = [[rng.randrange(1, 128000) for _ in range(args.context)] for _ in range(args.batch)]
     params = {"temperature": 0.0, "ignore_eos": True}
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 1})
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 32})
-    engine.start_profile(output_dir=str(out), num_steps=args.steps, activities=["CPU", "GPU"], with_stack=True)
+    # record_shapes off: sglang turns it on unless told, and it adds host time to every op, the canary's too.
+    engine.start_profile(output_dir=str(out), num_steps=args.steps, activities=["CPU", "GPU"], with_stack=True,
+                         record_shapes=False)
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": args.steps + 16})
     engine.shutdown()
     summary = {f"{args.kv_canary}/{t.name}": analyse(load_events(t)) for t in sorted(out.glob("*.trace.json*"))}
