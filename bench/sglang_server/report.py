@@ -103,11 +103,31 @@ def correctness_row(name: str, run: dict) -> dict:
     # Forwards that were not prefill batches are decode (or target-verify) steps.
     row["decode_steps"] = row["forwards"] - row["prefill_batches"] if row["forwards"] else 0
     if meta.get("perturb"):
-        row["score"] = score_log(log).to_dict()
-        armed = _armed_kinds(log)
-        if armed:  # kinds the run did not arm (added to the runtime since) have no row
-            row["score"]["kinds"] = {k: v for k, v in row["score"]["kinds"].items() if k in armed}
+        row["score"] = perturb_score(log)
     return row
+
+
+def perturb_score(log: str) -> dict:
+    """A perturbed run's score (``score_log``), with a row only for the kinds the run armed (kinds added to the
+    runtime since it ran have none)."""
+    score = score_log(log).to_dict()
+    armed = _armed_kinds(log)
+    if armed:
+        score["kinds"] = {k: v for k, v in score["kinds"].items() if k in armed}
+    return score
+
+
+def score_rows(score: dict, lead: str) -> list[str]:
+    """The perturbation table's rows of one score: a row per kind, then **all**; ``lead`` opens each row."""
+    out = []
+    for kind, k in score["kinds"].items():
+        delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
+        share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
+        out.append(f"| {lead}{kind} | {k['injected']} | {k['reported']}{share} | {len(k['missed'])} | {delay} |")
+    out.append(f"| {lead}**all** | {score['injected']} | {score['reported']} | {score['injected'] - score['reported']} | "
+               f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
+               f"not applied {score['not_applied']} |")
+    return out
 
 
 def _argument(meta: dict, flag: str, default: str) -> str:
@@ -224,17 +244,8 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
             "| run | machine | kind | injected | reported (%) | missed | delay min/median/max (steps) |",
             "|---|---|---|---|---|---|---|"]
     for r in correctness:
-        if "score" not in r:
-            continue
-        for kind, k in r["score"]["kinds"].items():
-            delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
-            share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
-            out.append(f"| {r['run']} | {r['device']} | {kind} | {k['injected']} | {k['reported']}{share} | "
-                       f"{len(k['missed'])} | {delay} |")
-        s = r["score"]
-        out.append(f"| {r['run']} | {r['device']} | **all** | {s['injected']} | {s['reported']} | "
-                   f"{s['injected'] - s['reported']} | violations {s['violations']}, unattributed "
-                   f"{len(s['unattributed'])}, not applied {s['not_applied']} |")
+        if "score" in r:
+            out += score_rows(r["score"], f"{r['run']} | {r['device']} | ")
     for model in COST_MODELS:
         if cost.get(model):
             out += cost_markdown(model, suites, cost[model], device)
@@ -329,21 +340,11 @@ def http_markdown(suites: dict) -> list[str]:
                    f"{log.count('kv_canary violation:')} |")
     perturbed = runs.get("http-ours-perturb")
     if perturbed:
-        score = score_log(perturbed["log"]).to_dict()
-        armed = _armed_kinds(perturbed["log"])
         out += ["", f"The HTTP server with every perturbation armed at {perturbed['json']['perturb']} (ours, sweep every "
                 f"16 steps, rates {', '.join(r['rate'] for r in perturbed['json']['rates'])}, sharing the GPU "
                 "with the `deploy` suite's other engines):", "",
                 "| kind | injected | reported (%) | missed | delay min/median/max (steps) |", "|---|---|---|---|---|"]
-        for kind, k in score["kinds"].items():
-            if armed and kind not in armed:
-                continue
-            delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
-            share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
-            out.append(f"| {kind} | {k['injected']} | {k['reported']}{share} | {len(k['missed'])} | {delay} |")
-        out.append(f"| **all** | {score['injected']} | {score['reported']} | {score['injected'] - score['reported']} | "
-                   f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
-                   f"not applied {score['not_applied']} |")
+        out += score_rows(perturb_score(perturbed["log"]), "")
     return out
 
 
