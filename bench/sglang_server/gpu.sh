@@ -45,10 +45,13 @@ fi
 # The unmodified release runs canary off and sglang's own canary; the applied copy runs ours.
 RELEASE="$WORK/site:$REPO"
 OURS="$WORK/ours:$REPO:$WORK/site"
-# scaffold, apply, then apply --check and check must be clean (instrument.py; CI runs it on the CPU).
-APPLY_LOG=$DEST/${TAG:+$TAG-}apply.log
-PYTHONPATH=$RELEASE python3 bench/sglang_server/instrument.py "$WORK/site/sglang" "$WORK/ours/sglang" \
-    > "$APPLY_LOG" 2>&1 || { cat "$APPLY_LOG"; echo "gpu.sh: the gate is not green on the release" >&2; exit 2; }
+# scaffold, apply, then apply --check and check must be clean (instrument.py; CI runs it on the CPU). Once per
+# machine: the call that instruments leaves the log, later calls keep the copy.
+if [ ! -d "$WORK/ours/sglang" ]; then
+    APPLY_LOG=$DEST/${TAG:+$TAG-}apply.log
+    PYTHONPATH=$RELEASE python3 bench/sglang_server/instrument.py "$WORK/site/sglang" "$WORK/ours/sglang" \
+        > "$APPLY_LOG" 2>&1 || { cat "$APPLY_LOG"; echo "gpu.sh: the gate is not green on the release" >&2; exit 2; }
+fi
 export SGLANG_SERVER_MODELS=$WORK/models
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$DEST/device.txt"
 

@@ -186,8 +186,19 @@ COST_MODELS = {
 }
 
 
+def other_machine(suites: dict, first: str, second: str, device: str) -> str:
+    """The sentence naming a second cost suite left out because it ran on another machine, or ""."""
+    if second not in suites:
+        return ""
+    theirs = suites[second].get(DEVICE, device)
+    if theirs == suites.get(first, {}).get(DEVICE, device):
+        return ""
+    return (f" The `{second}` archive (sglang's own, canary off again) ran on another machine ({theirs.split(',')[0]}) "
+            "and is left out: ways compare only on one machine.")
+
+
 def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> list[str]:
-    (first, _), title, bar = COST_MODELS[model]
+    (first, second), title, bar = COST_MODELS[model]
     ways = [w for w in WAYS if w in cost[0]]
     out = ["", f"## Cost per decode step ({title})", "",
            f"Machine: {suites.get(first, {}).get(DEVICE, device)}.", "",
@@ -196,7 +207,7 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
            "every other way's is that step times its change. *canary off, again* is a second engine of "
            f"the unmodified release: its distance from *canary off* is the noise of the measurement. The bar "
-           f"for ours: at most {bar} % per decode step.", "",
+           f"for ours: at most {bar} % per decode step." + other_machine(suites, first, second, device), "",
            "| batch x context | " + " | ".join(WAYS[w] for w in ways) + " | ours against the bar |",
            "|---|" + "---|" * len(ways) + "---|"]
     for r in cost:
@@ -302,7 +313,14 @@ def http_markdown(suites: dict) -> list[str]:
     server's canary logged, and the perturbation run through the same server (``deploy`` suite)."""
     runs = {name: run for suite in ("http", "deploy") for name, run in suites.get(suite, {}).items()
             if name.startswith("http-") and run["json"]}
-    ways = [w for w in HTTP_WAYS if w in runs]
+    labels = dict(HTTP_WAYS)
+    for suite, other in ((s, OTHER_RELEASE.match(s)) for s in sorted(suites)):
+        if other and OTHER_RELEASE.sub("", suite) == "http":  # another release's servers: rows of their own
+            for name, run in suites[suite].items():
+                if name in HTTP_WAYS and run["json"]:
+                    runs[f"{other.group(1)}-{name}"] = run
+                    labels[f"{other.group(1)}-{name}"] = f"{HTTP_WAYS[name]}, sglang {other.group(1)}"
+    ways = [w for w in labels if w in runs]
     if not runs:
         return []
     meta = runs[(ways or list(runs))[0]]["json"]
@@ -324,9 +342,9 @@ def http_markdown(suites: dict) -> list[str]:
             for way in ways:
                 row = next((r for r in runs[way]["json"]["rates"] if r["rate"] == rate), None)
                 if row is None:
-                    out.append(f"| {rate} | {HTTP_WAYS[way]} | - | - | - | - | - | - |")
+                    out.append(f"| {rate} | {labels[way]} | - | - | - | - | - | - |")
                     continue
-                out.append(f"| {rate} | {HTTP_WAYS[way]} | {row['request_throughput']:.2f} | "
+                out.append(f"| {rate} | {labels[way]} | {row['request_throughput']:.2f} | "
                            f"{row['output_throughput']:.0f} | {row['median_ttft_ms']:.1f} | {row['p99_ttft_ms']:.1f} | "
                            f"{row['median_itl_ms']:.2f} | {row['p99_itl_ms']:.2f} |")
     out += ["", "| server | served | start (s) | requests completed | `installed` lines | stats lines | violations |",
@@ -339,7 +357,9 @@ def http_markdown(suites: dict) -> list[str]:
                    f"{log.count('kv canary installed:')} | {len(StatsLine.find_all(log))} | "
                    f"{log.count('kv_canary violation:')} |")
     perturbed = runs.get("http-ours-perturb")
-    if perturbed:
+    if perturbed and not perturbed["json"].get("rates"):
+        out += ["", f"The HTTP server with every perturbation armed (`deploy`) did not serve: {perturbed['json'].get('error')}."]
+    elif perturbed:
         out += ["", f"The HTTP server with every perturbation armed at {perturbed['json']['perturb']} (ours, sweep every "
                 f"16 steps, rates {', '.join(r['rate'] for r in perturbed['json']['rates'])}, sharing the GPU "
                 "with the `deploy` suite's other engines):", "",
@@ -517,7 +537,10 @@ def main(argv: list[str] | None = None) -> None:
                 correctness.append(row)
     cost = {}
     for model, (pair, _, _) in COST_MODELS.items():
-        runs = {name: run for suite in pair for name, run in suites.get(suite, {}).items()}
+        # Ways compare only on one machine: the second suite joins the first only when their devices agree.
+        first_device = suites.get(pair[0], {}).get(DEVICE, device)
+        same = [s for s in pair if suites.get(s, {}).get(DEVICE, device) == first_device]
+        runs = {name: run for suite in same for name, run in suites.get(suite, {}).items()}
         cost[model] = cost_table(runs) if "off" in runs else []
     (args.folder / "results.json").write_text(json.dumps({"device": device, "correctness": correctness,
                                                           "cost": cost}, indent=1) + "\n")

@@ -40,9 +40,31 @@ LAYOUTS = {
 COST_SHAPES = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
 
 
+def nccl_port() -> int:
+    """A free port below Linux's ephemeral range for the engine's torch.distributed rendezvous.
+
+    sglang's default is ``get_free_port()``: a port the kernel hands out for a bind to port 0, released
+    at once and bound again later by the scheduler. Engines started together (gpu.sh runs up to a
+    dozen at once) drew the same one (EADDRINUSE at ``init_process_group``); a random pick from a
+    range the kernel never hands out by itself makes that rare.
+    """
+    import socket
+
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, 30000)  # sglang's own ports start at 30000; ephemeral ones at 32768
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 def engine_args(args, model_path: Path, draft_path: Path | None) -> dict:
     kw = dict(
         model_path=str(model_path),
+        nccl_port=nccl_port(),
         load_format="dummy",
         skip_tokenizer_init=True,
         attention_backend=args.attention_backend,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import LLAMA3_8B, write_model, write_tokenizer  # noqa: E402
-from serve import which_sglang  # noqa: E402
+from serve import nccl_port, which_sglang  # noqa: E402
 
 # Kept from bench_serving's result line: throughput and the latency percentiles the tables show.
 METRICS = ("completed", "duration", "request_throughput", "output_throughput", "total_throughput",
@@ -44,7 +44,7 @@ def server_command(args, model: Path) -> list[str]:
                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--kv-canary", args.kv_canary,
                "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.max_running),
                "--cuda-graph-max-bs-decode", str(args.max_running), "--random-seed", str(args.seed),
-               "--log-level", "info"]
+               "--log-level", "info", "--nccl-port", str(nccl_port())]
     if args.kv_canary != "none":  # as the cost suite: the first 16 bytes of each real KV slot hashed, both canaries
         command += ["--kv-canary-real-data", "partial"]
     if args.perturb:

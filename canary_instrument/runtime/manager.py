@@ -332,6 +332,9 @@ class CanaryManager:
     def end_step(self, forward_batch: Any) -> None:
         """Once per step, after its forwards were launched: device work that is due, then the readback."""
         step = self.steps.step
+        # The reporter counts in the steps reports carry: an EAGLE draft's are its target's (several draft
+        # forwards a target step), so its summary interval is one of target steps.
+        label = self.steps.label(step)
         if self.perturber is not None:
             self.perturber.at_step_end(_View(step, self.radix_cache))
         sweeper = self.sweeper
@@ -339,7 +342,7 @@ class CanaryManager:
         progress = None
         if sweeper is not None:
             if sweeper.maybe_sweep(step, self.radix_cache):
-                self.reporter.note_sweep(step)
+                self.reporter.note_sweep(label)
             if stats_due:
                 p = sweeper.progress
                 progress = (p.passes, p.pass_rows)
@@ -349,7 +352,7 @@ class CanaryManager:
         snapshots = self._snapshots
         snapshots.read_ready()
         self._poll_published()
-        self.reporter.end_step(step)
+        self.reporter.end_step(label)
         snapshots.take_if_due(step, swa_due, stats_due, progress)
         self.steps.end_due = snapshots.next_step_end(step)
         ranks = self._ranks

@@ -9,6 +9,7 @@ import torch
 from torch.profiler import profile
 
 from canary_instrument.runtime import mark_init_finished
+from canary_instrument.runtime.reports.summary import SummaryLine
 from canary_instrument.runtime.step.plan import plan_from_batch
 
 from .mini_engine import ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
@@ -140,8 +141,8 @@ STEPS = 3  # speculative_num_steps: two draft sub-forwards, three draft tokens p
 class Eagle:
     """A target runner and a draft runner sharing req_to_token and slot numbers, as EAGLE's do."""
 
-    def __init__(self, dev):
-        args = server_args(speculative_num_steps=STEPS)
+    def __init__(self, dev, **args):
+        args = server_args(speculative_num_steps=STEPS, **args)
         self.target = MiniRunner(args, device=dev, size=512, max_context=64)
         self.draft = MiniRunner(args, device=dev, size=512, max_context=64, is_draft_worker=True,
                                 req_to_token_pool=self.target.req_to_token_pool)
@@ -252,6 +253,25 @@ def test_a_swapped_verify_input_is_caught_through_the_draft_rows(dev):
     assert {v.reasons for v in found} == {frozenset({"token"})}
     # ...and at the step it landed in: the target's verify (the draft's reports carry the target's step numbers).
     assert {v.step for v in found} == {e.target.canary_manager.step} != {e.draft.canary_manager.step}
+
+
+def test_a_draft_s_flood_is_summarised_per_interval_of_target_steps(dev, canary_log):
+    """The draft runs several forwards per target step and reports in target steps: its summary interval
+    counts target steps too, so a flood lasting many steps is summarised once an interval, not at every
+    draft forward once the draft's own count has run ahead of the target's."""
+    e = Eagle(dev, kv_canary_summary_interval=3)
+    reqs = e.prefill([[1, 2, 3, 4, 5, 6]], [7], rotate=False)  # every later draft forward re-reads the bad rows
+    last = [7]
+    for round_ in range(12):
+        e.draft_chain(reqs)
+        last = _eagle_round(e, reqs, last, [[30 + 3 * round_ + j for j in range(STEPS - 1)]], (1,), [90 + round_])
+    e.draft.canary_manager.flush()
+    summaries = SummaryLine.find_all(canary_log.text)
+    target_steps = e.target.canary_manager.step
+    assert e.draft.canary_manager.step > target_steps  # the draft's own count ran ahead
+    assert summaries and max(s.last_step for s in summaries) <= target_steps
+    assert len(summaries) <= target_steps // 3 + 1
+    assert all(s.last_step - s.first_step >= 2 for s in summaries[:-1])
 
 
 def test_a_draft_runner_without_a_target_has_no_token_check(dev, canary_log):
