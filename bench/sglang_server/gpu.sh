@@ -252,7 +252,7 @@ for suite in "$@"; do
     corpus3)
         # The corpus's bugs beyond MHA's plain path, each served three ways at once with the layout or feature
         # it needs: SWA translation (gpt-oss), EAGLE accept, HiCache load-back, and the prefill table.
-        for entry in swa_mapping_reversed:swa prefill_table_stale:mha eagle_accept_one_more:eagle \
+        for entry in swa_mapping_shifted:swa prefill_table_stale:mha eagle_accept_one_more:eagle \
                      hicache_load_reversed:mha-hicache; do
             bug=${entry%%:*}; layout=${entry#*:}; extra=()
             [ "$layout" = mha-hicache ] && { layout=mha; extra=(--hicache); }

@@ -15,11 +15,15 @@ analyses it.
 - the step: the time between consecutive ``cudaGraphLaunch`` calls of the thread that replays the decode
   graph (one replay per decode step);
 - the canary's host time: the outermost Python frames of ``canary_instrument/`` on that thread (with
-  ``with_stack`` every Python call is an event; nested ones are inside their caller's time);
-- what those frames send to the device outside the graph: CUDA runtime calls made inside them (launches,
-  copies, synchronisations), and the aten ops among them that read a device value to the host
-  (``aten::item``, ``aten::_local_scalar_dense``);
-- the device time of the canary's kernels (``canary_*``, inside the graph or not) per step;
+  ``with_stack`` every Python call is an event; nested ones are inside their caller's time), less the
+  ``sglang/`` frames they call (a wrapper's original: the engine's sampler runs inside ours);
+- what the canary's own code sends to the device outside the graph: CUDA runtime calls made inside its
+  frames but not in the engine code they call (launches, copies, synchronisations), and the aten ops among
+  them that read a device value to the host (``aten::item``, ``aten::_local_scalar_dense``);
+- the device time of the canary's kernels per step: its own (``canary_*``, inside the graph or not) and what
+  those launches ran (matched by correlation id: a copy launched by the canary's code is the canary's);
+- the device's busy time per step (every kernel, copy and memset): a step that grew by more than the device
+  work it gained waited on the host;
 - the canary functions taking the most host time per step.
 
 The analysis needs no torch: it runs on any machine over a trace brought back.
@@ -38,6 +42,10 @@ from collections import defaultdict
 from pathlib import Path
 
 CANARY_FRAME = "canary_instrument/"
+# The engine's own code called through a canary wrapper (the wrapped ``ModelRunner.sample``, a bracketed
+# forward): inside a canary frame, but its time and its calls are the engine's.
+ENGINE_FRAME = "sglang/"
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 # A host read of a device value is one aten::_local_scalar_dense (under aten::item, .tolist(), int(t), ...);
 # an explicit wait is a cuda*Synchronize call.
 SYNCS = ("Synchronize", "aten::_local_scalar_dense")
@@ -61,6 +69,21 @@ def outermost(frames: list[dict]) -> list[dict]:
     return out
 
 
+class Spans:
+    """The outermost of some frames of one thread; ``e in spans``: ``e`` lies inside one of them."""
+
+    def __init__(self, frames: list[dict]):
+        self.frames = outermost(frames)
+        self.starts = [f["ts"] for f in self.frames]
+
+    def __iter__(self):
+        return iter(self.frames)
+
+    def __contains__(self, e: dict) -> bool:
+        i = bisect.bisect_right(self.starts, e["ts"]) - 1
+        return i >= 0 and e["ts"] + e["dur"] <= self.frames[i]["ts"] + self.frames[i]["dur"]
+
+
 def analyse(events: list[dict], top: int = 15) -> dict:
     """The per-step summary of one trace (see the module docstring)."""
     launches = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"]
@@ -72,41 +95,46 @@ def analyse(events: list[dict], top: int = 15) -> dict:
     thread = max(by_thread, key=lambda t: len(by_thread[t]))  # the thread replaying the decode graph
     starts = sorted(e["ts"] for e in by_thread[thread])
     on_thread = [e for e in events if (e["pid"], e["tid"]) == thread]
-    canary = outermost([e for e in on_thread if e.get("cat") == "python_function" and CANARY_FRAME in e["name"]])
-    frame_starts = [f["ts"] for f in canary]
+    python = [e for e in on_thread if e.get("cat") == "python_function"]
+    canary = Spans([e for e in python if CANARY_FRAME in e["name"]])
+    engine = Spans([e for e in python if ENGINE_FRAME in e["name"] and CANARY_FRAME not in e["name"] and e in canary])
 
     def step_of(ts: float) -> int | None:
         i = bisect.bisect_right(starts, ts) - 1
         return i if 0 <= i < len(starts) - 1 else None
 
-    def inside_canary(e: dict) -> bool:
-        i = bisect.bisect_right(frame_starts, e["ts"]) - 1
-        return i >= 0 and e["ts"] + e["dur"] <= canary[i]["ts"] + canary[i]["dur"]
-
     steps = len(starts) - 1
     host = [0.0] * steps
     calls = [defaultdict(lambda: [0, 0.0]) for _ in range(steps)]
     functions: dict[str, float] = defaultdict(float)
-    for f in canary:
-        s = step_of(f["ts"])
-        if s is not None:
-            host[s] += f["dur"]
+    for frames, sign in ((canary, 1), (engine, -1)):  # the canary's frames, less the engine code they called
+        for f in frames:
+            s = step_of(f["ts"])
+            if s is not None:
+                host[s] += sign * f["dur"]
+    launched = set()  # correlation ids of the launches the canary's own code made
     for e in on_thread:
         s = step_of(e["ts"])
         if s is None:
             continue
         if e.get("cat") == "python_function" and CANARY_FRAME in e["name"]:
             functions[e["name"]] += e["dur"]  # inclusive, nested calls included in each caller
-        elif e.get("cat") in ("cuda_runtime", "cuda_driver", "cpu_op") and inside_canary(e):
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver", "cpu_op") and e in canary and e not in engine:
             if e.get("cat") == "cpu_op" and not any(k in e["name"] for k in SYNCS):
                 continue
             calls[s][e["name"]][0] += 1
             calls[s][e["name"]][1] += e["dur"]
-    device = [0.0] * steps
+            if "correlation" in e.get("args", {}):
+                launched.add(e["args"]["correlation"])
+    device = [0.0] * steps  # the canary's kernels: its own (canary_*, in the graph or not) and what its code launched
+    busy = [0.0] * steps  # all device work: a slower step that is not busier waited on the host
     for e in events:
-        if e.get("cat") == "kernel" and e["name"].startswith("canary_"):
-            s = step_of(e["ts"])  # a kernel runs after its launch, within the step that launched it or just after
-            if s is not None:
+        if e.get("cat") in DEVICE_WORK:
+            s = step_of(e["ts"])  # device work runs after its launch, within the step that launched it or just after
+            if s is None:
+                continue
+            busy[s] += e["dur"]
+            if e["name"].startswith("canary_") or e.get("args", {}).get("correlation") in launched:
                 device[s] += e["dur"]
     step_us = [b - a for a, b in zip(starts, starts[1:])]
     names = sorted({n for c in calls for n in c})
@@ -115,6 +143,7 @@ def analyse(events: list[dict], top: int = 15) -> dict:
         "step_us": statistics.median(step_us),
         "canary_host_us": statistics.median(host),
         "canary_device_us": statistics.median(device),
+        "device_busy_us": statistics.median(busy),
         # Median per step, and the run's total count: a call made once every N steps has a median of 0.
         "calls_in_canary_frames": {n: {"per_step": statistics.median(c[n][0] for c in calls),
                                        "us_per_step": statistics.median(c[n][1] for c in calls),
@@ -127,7 +156,8 @@ def analyse(events: list[dict], top: int = 15) -> dict:
 
 def table(name: str, s: dict) -> str:
     lines = [f"{name}: {s['steps']} decode steps, median step {s['step_us']:.1f} us; canary host "
-             f"{s['canary_host_us']:.1f} us, canary kernels {s['canary_device_us']:.1f} us, "
+             f"{s['canary_host_us']:.1f} us, canary kernels {s['canary_device_us']:.1f} us, device busy "
+             f"{s.get('device_busy_us', float('nan')):.1f} us, "
              f"syncs {s['syncs_per_step']:g} per step"]
     for call, c in s["calls_in_canary_frames"].items():
         lines.append(f"  {call:<40} {c['per_step']:>5g} per step {c['us_per_step']:>8.1f} us  ({c['total']} in all)")

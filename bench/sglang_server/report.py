@@ -31,9 +31,9 @@ from canary_instrument.runtime.reports.summary import SummaryLine  # noqa: E402
 from canary_instrument.runtime.reports.violations import Violation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bugs import BUGS  # noqa: E402
+from bugs import BUGS, RETIRED  # noqa: E402
 
-BUG_NAMES = {name: bug.what for name, bug in BUGS.items()}
+BUG_NAMES = {**RETIRED, **{name: bug.what for name, bug in BUGS.items()}}
 
 DECODE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), .*?gen throughput \(token/s\): ([\d.]+)")
 PREFILL = re.compile(r"Prefill batch, #new-seq: \d+, #new-token: (\d+), #cached-token: (\d+)")
@@ -377,16 +377,28 @@ def profile_markdown(suites: dict) -> list[str]:
     out = ["", "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)", "",
            f"Machine: {suites['profile'].get(DEVICE, '?')}. Llama-3-8B (32 layers), batch 1 x 1024 context, decode "
            "graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
-           "frames on the thread that replays the graph; calls: CUDA runtime calls (and host reads of device values) "
-           "made inside them; kernels: the device time of the canary's own kernels.", "",
-           "| way | step (us) | canary host (us) | canary kernels (us) | syncs per step | calls inside canary frames |",
-           "|---|---|---|---|---|---|"]
+           "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
+           "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
+           "canary's code; kernels: the device time of the canary's own kernels and of what its code launched; "
+           "device busy: all device work per step.", "",
+           "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | syncs per step | "
+           "calls inside canary frames |",
+           "|---|---|---|---|---|---|---|"]
+    earlier = False
     for way, summary in sorted(runs.items()):
         for s in summary.values():
             calls = ", ".join(f"{n} {c['per_step']:g}/step ({c['total']} in all)"
                               for n, c in s["calls_in_canary_frames"].items()) or "-"
-            out.append(f"| {way} | {s['step_us']:.1f} | {s['canary_host_us']:.1f} | {s['canary_device_us']:.1f} | "
+            busy = s.get("device_busy_us")
+            mark = busy is None and s["canary_host_us"] > 0
+            earlier |= mark
+            out.append(f"| {way} | {s['step_us']:.1f} | {s['canary_host_us']:.1f}{'*' if mark else ''} | "
+                       f"{s['canary_device_us']:.1f} | {'-' if busy is None else f'{busy:.1f}'} | "
                        f"{s['syncs_per_step']:g} | {calls} |")
+    if earlier:
+        out += ["", "\\* A summary made before the analysis set the engine's code apart: its host time and calls include "
+                "the engine's sampler, which runs inside the canary's sample wrapper, and it has no device-busy "
+                "figure (the traces stay on the machine)."]
     return out
 
 

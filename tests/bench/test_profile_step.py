@@ -19,14 +19,15 @@ spec.loader.exec_module(profile_step)
 SCHED = {"pid": 1, "tid": 7}
 
 
-def ev(cat, name, ts, dur, **where):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **(where or SCHED)}
+def ev(cat, name, ts, dur, args=None, **where):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **(where or SCHED), "args": args or {}}
 
 
 def decode_steps(n=4, step=1000.0):
     """n decode steps of `step` us on the scheduler thread: a site entry (canary frame with a nested one),
     the graph launch, a site exit that launches one kernel and once reads a value back; the canary's kernel
-    runs inside each graph replay."""
+    runs inside each graph replay; then the canary's sample wrapper around the engine's sampler (whose launch
+    is the engine's) and its one copy."""
     events = []
     for i in range(n + 1):
         t = i * step
@@ -40,6 +41,12 @@ def decode_steps(n=4, step=1000.0):
             ev("cuda_runtime", "cudaLaunchKernel", t + 70, 3),  # the engine's own, outside canary frames
             ev("kernel", "canary_pre_forward", t + 100, 4, pid=0, tid=3),
             ev("kernel", "flash_decode", t + 110, 300, pid=0, tid=3),
+            ev("python_function", "canary_instrument/runtime/step/expected_tokens.py(115): sample", t + 80, 30),
+            ev("python_function", "sglang/srt/model_executor/model_runner.py(2900): sample", t + 81, 20),
+            ev("cuda_runtime", "cudaLaunchKernel", t + 85, 3, args={"correlation": 10 * i}),  # the sampler's
+            ev("cuda_runtime", "cudaLaunchKernel", t + 104, 3, args={"correlation": 10 * i + 1}),  # the copy
+            ev("kernel", "argmax_kernel", t + 420, 5, pid=0, tid=3, args={"correlation": 10 * i}),
+            ev("kernel", "elementwise_kernel", t + 426, 2, pid=0, tid=3, args={"correlation": 10 * i + 1}),
         ]
         if i == 1:
             events.append(ev("cpu_op", "aten::item", t + 55, 4))
@@ -55,15 +62,19 @@ def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_t
         json.dump({"traceEvents": decode_steps()}, f)
     s = profile_step.analyse(profile_step.load_events(path))
     assert s["steps"] == 4 and s["step_us"] == 1000.0
-    assert s["canary_host_us"] == 16.0  # __enter__ 6 (its nested `end` inside it) + __exit__ 10
-    assert s["canary_device_us"] == 4.0
-    assert s["calls_in_canary_frames"]["cudaLaunchKernel"] == {"per_step": 1, "us_per_step": 3.0, "total": 4}
+    # __enter__ 6 (its nested `end` inside it) + __exit__ 10 + the sample wrapper 30 less the sampler's 20
+    assert s["canary_host_us"] == 26.0
+    assert s["canary_device_us"] == 4.0 + 2.0  # its kernel in the graph, and the copy its code launched
+    assert s["device_busy_us"] == 4 + 300 + 5 + 2
+    # The exit's launch and the copy's; the sampler's, inside the canary's wrapper, is the engine's.
+    assert s["calls_in_canary_frames"]["cudaLaunchKernel"] == {"per_step": 2, "us_per_step": 6.0, "total": 8}
     assert s["calls_in_canary_frames"]["aten::_local_scalar_dense"]["total"] == 1  # one read, not aten::item too
     assert "aten::item" not in s["calls_in_canary_frames"]
     assert "cudaGraphLaunch" not in s["calls_in_canary_frames"]  # the engine's, between the canary's frames
     assert s["syncs_per_step"] == 0  # one step of four read a value back: the median step does not
     top = s["top_functions_us_per_step"]
-    assert list(top)[0].endswith("__exit__") and top[next(iter(top))] == 10.0
+    assert list(top)[:2] == ["canary_instrument/runtime/step/expected_tokens.py(115): sample",
+                             "canary_instrument/runtime/setup/sites.py(206): __exit__"]
 
 
 def test_a_trace_without_two_graph_replays_is_refused():
@@ -87,5 +98,5 @@ def test_the_report_shows_each_ways_summary(tmp_path):
     with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
         tar.add(folder, arcname="profile")
     lines = report.profile_markdown(report.read_runs(tmp_path))
-    assert "| log | 1000.0 | 16.0 | 4.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel 1/step " \
-           "(4 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
+    assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel " \
+           "2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines

@@ -288,3 +288,25 @@ def test_raise_mode_under_a_flood_raises_a_bounded_error_naming_the_first_violat
     assert 1 <= len(err.violations) < 8
     assert lines[0] == f"{len(err.violations)} KV-canary violation(s):"
     assert [Violation.parse(line) for line in lines[1:1 + len(err.violations)]] == err.violations
+
+
+def test_two_live_positions_sharing_one_swa_slot_are_caught(dev):
+    """An SWA allocation that maps a decode's two new full slots to one SWA slot (bugs.py swa_mapping_shifted):
+    both requests write their sliding-window row there, and the forward's own post-forward check reports the
+    request whose row was overwritten, at its new position, in the SWA group."""
+    runner = MiniRunner(server_args(), layout="swa", device=dev, window=4)
+    sched = Scheduler(runner)
+    mark_init_finished(runner.canary_manager)
+    reqs = [sched.new_request(list(range(10, 16))), sched.new_request(list(range(20, 23)))]
+    runner.forward(sched.extend(reqs))
+    batch = sched.decode(reqs, [30, 40])
+    mapping = runner.token_to_kv_pool.full_to_swa_index_mapping
+    first, second = reqs[0].slots[-1], reqs[1].slots[-1]
+    sched.free_swa.append(int(mapping[first]))  # the SWA slot the first position should have kept
+    mapping[first] = mapping[second]
+    runner.forward(batch)
+    found = runner.canary_manager.flush()
+    assert found and {(v.group, v.kernel) for v in found} == {("swa", "post_forward")}
+    # Whichever write landed last holds the row: the other request reads a row of the wrong position.
+    assert {(v.req_pool_index, v.position, v.stored) for v in found} in ({(reqs[0].row, 6, 3)}, {(reqs[1].row, 3, 6)})
+    assert {v.step for v in found} == {runner.canary_manager.step}
