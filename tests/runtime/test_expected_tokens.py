@@ -141,14 +141,14 @@ STEPS = 3  # speculative_num_steps: two draft sub-forwards, three draft tokens p
 class Eagle:
     """A target runner and a draft runner sharing req_to_token and slot numbers, as EAGLE's do."""
 
-    def __init__(self, dev, **args):
+    def __init__(self, dev, draft_init=True, **args):
         args = server_args(speculative_num_steps=STEPS, **args)
         self.target = MiniRunner(args, device=dev, size=512, max_context=64)
         self.draft = MiniRunner(args, device=dev, size=512, max_context=64, is_draft_worker=True,
                                 req_to_token_pool=self.target.req_to_token_pool)
         self.sched = Scheduler(self.target)
         self.dev = dev
-        for runner in (self.target, self.draft):
+        for runner in (self.target, self.draft) if draft_init else (self.target,):
             mark_init_finished(runner.canary_manager)
 
     def prefill(self, prompts, sampled, rotate=True):
@@ -272,6 +272,20 @@ def test_a_draft_s_flood_is_summarised_per_interval_of_target_steps(dev, canary_
     assert summaries and max(s.last_step for s in summaries) <= target_steps
     assert len(summaries) <= target_steps // 3 + 1
     assert all(s.last_step - s.first_step >= 2 for s in summaries[:-1])
+
+
+def test_a_draft_whose_worker_never_ends_its_init_is_checked_from_its_target_s_first_step(dev):
+    """sglang's multi-layer EAGLE worker never calls mark_init_finished on its draft runners: their canary
+    starts with the first draft forward after the target has served a step, and catches what it should."""
+    e = Eagle(dev, draft_init=False)
+    draft = e.draft.canary_manager
+    e._draft_extend(e.sched.extend([e.sched.new_request([1, 2, 3])]))  # before any target step: warm-up
+    assert not draft.init_finished
+    reqs = e.prefill([[1, 2, 3, 4, 5, 6]], [7], rotate=False)  # the target's first step, then the draft's extend
+    assert draft.init_finished
+    e.draft_chain(reqs)
+    found = draft.flush()
+    assert found and {v.reasons for v in found} == {frozenset({"token"})}
 
 
 def test_a_draft_runner_without_a_target_has_no_token_check(dev, canary_log):
