@@ -35,6 +35,14 @@ LAYOUTS = {
     # multi-layer EAGLE: three MTP draft layers, one draft runner (and KV pool) per step (models.py)
     "mtp": ("step3p5-dense-4l", "step3p5-dense-mtp3"),
 }
+# Engine arguments a layout needs beyond its models.
+LAYOUT_ARGS = {
+    # Step-3.5's MTP layer is a sliding-window one, and sglang's Triton backend leaves the window's KV indices
+    # unset in the multi-layer EAGLE draft-extend CUDA graph (triton_backend.py, the DRAFT_EXTEND_V2 branch:
+    # the capture fails compiling its extend kernel; sgl-project/sglang#24481, closed unfixed): the drafts
+    # attend with FlashInfer, which plans the window there, and the target stays on Triton.
+    "mtp": {"speculative_draft_attention_backend": "flashinfer"},
+}
 # Cost shapes (batch, context): contexts from 1k to 8k at every batch that fits one H100 with the
 # 32-layer Llama-3-8B (128 KiB of KV per token); the same for Llama-3.2-1B (32 KiB per token).
 COST_SHAPES = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
@@ -109,7 +117,7 @@ def correctness(args) -> dict:
     root = Path(args.models)
     kw = engine_args(args, write_model(model, root), write_model(draft, root) if draft else None)
     kw.update(max_total_tokens=args.pool_tokens, chunked_prefill_size=512, max_running_requests=48,
-              cuda_graph_max_bs_decode=48)
+              cuda_graph_max_bs_decode=48, **LAYOUT_ARGS.get(args.layout, {}))
     rng = random.Random(args.seed)
     vocab = 32000
     prefixes = [[rng.randrange(1, vocab) for _ in range(rng.randint(48, 1024))] for _ in range(12)]
