@@ -299,3 +299,12 @@ def test_a_draft_runner_without_a_target_has_no_token_check(dev, canary_log):
 def test_eagle_draft_trees_are_refused_at_install(dev, topk):
     with pytest.raises(ValueError, match="speculative_eagle_topk"):
         MiniRunner(server_args(speculative_num_steps=STEPS, speculative_eagle_topk=topk), device=dev)
+
+
+def test_a_draft_that_ends_its_init_by_itself_is_not_warned_about_during_warm_up(dev, canary_log):
+    e = Eagle(dev, draft_init=False)
+    for _ in range(40):  # more warm-up forwards than the enable warning waits for
+        req = e.sched.new_request([1, 2, 3])
+        e._draft_extend(e.sched.extend([req]))
+        e.sched.finish(req)
+    assert "mark_init_finished() was not called" not in canary_log.text
