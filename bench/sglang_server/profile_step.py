@@ -21,7 +21,8 @@ analyses it.
   frames but not in the engine code they call (launches, copies, synchronisations), and the aten ops among
   them that read a device value to the host (``aten::item``, ``aten::_local_scalar_dense``);
 - the device time of the canary's kernels per step: its own (``canary_*``, inside the graph or not) and what
-  those launches ran (matched by correlation id: a copy launched by the canary's code is the canary's);
+  those launches ran (matched by correlation id: a copy launched by the canary's code is the canary's), and
+  per kernel name how many launches a step makes and their time;
 - the device's busy time per step (every kernel, copy and memset): a step that grew by more than the device
   work it gained waited on the host;
 - the canary functions taking the most host time per step.
@@ -128,6 +129,7 @@ def analyse(events: list[dict], top: int = 15) -> dict:
                 launched.add(e["args"]["correlation"])
     device = [0.0] * steps  # the canary's kernels: its own (canary_*, in the graph or not) and what its code launched
     busy = [0.0] * steps  # all device work: a slower step that is not busier waited on the host
+    kernels: dict[str, list] = defaultdict(lambda: [0, 0.0])  # the canary's, by name: count and time, all steps
     for e in events:
         if e.get("cat") in DEVICE_WORK:
             s = step_of(e["ts"])  # device work runs after its launch, within the step that launched it or just after
@@ -136,6 +138,8 @@ def analyse(events: list[dict], top: int = 15) -> dict:
             busy[s] += e["dur"]
             if e["name"].startswith("canary_") or e.get("args", {}).get("correlation") in launched:
                 device[s] += e["dur"]
+                kernels[e["name"]][0] += 1
+                kernels[e["name"]][1] += e["dur"]
     step_us = [b - a for a, b in zip(starts, starts[1:])]
     names = sorted({n for c in calls for n in c})
     return {
@@ -144,6 +148,8 @@ def analyse(events: list[dict], top: int = 15) -> dict:
         "canary_host_us": statistics.median(host),
         "canary_device_us": statistics.median(device),
         "device_busy_us": statistics.median(busy),
+        # Mean per step: how many launches of each canary kernel a step makes, and their time.
+        "canary_kernels_per_step": {n: {"launches": c / steps, "us": t / steps} for n, (c, t) in sorted(kernels.items())},
         # Median per step, and the run's total count: a call made once every N steps has a median of 0.
         "calls_in_canary_frames": {n: {"per_step": statistics.median(c[n][0] for c in calls),
                                        "us_per_step": statistics.median(c[n][1] for c in calls),
@@ -159,6 +165,8 @@ def table(name: str, s: dict) -> str:
              f"{s['canary_host_us']:.1f} us, canary kernels {s['canary_device_us']:.1f} us, device busy "
              f"{s.get('device_busy_us', float('nan')):.1f} us, "
              f"syncs {s['syncs_per_step']:g} per step"]
+    for kernel, k in s.get("canary_kernels_per_step", {}).items():
+        lines.append(f"  {kernel:<40} {k['launches']:>5g} per step {k['us']:>8.1f} us  (device)")
     for call, c in s["calls_in_canary_frames"].items():
         lines.append(f"  {call:<40} {c['per_step']:>5g} per step {c['us_per_step']:>8.1f} us  ({c['total']} in all)")
     for fn, us in s["top_functions_us_per_step"].items():

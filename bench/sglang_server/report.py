@@ -395,6 +395,12 @@ def profile_markdown(suites: dict) -> list[str]:
             out.append(f"| {way} | {s['step_us']:.1f} | {s['canary_host_us']:.1f}{'*' if mark else ''} | "
                        f"{s['canary_device_us']:.1f} | {'-' if busy is None else f'{busy:.1f}'} | "
                        f"{s['syncs_per_step']:g} | {calls} |")
+    per_kernel = [(way, name, k) for way, summary in sorted(runs.items()) for s in summary.values()
+                  for name, k in s.get("canary_kernels_per_step", {}).items()]
+    if per_kernel:
+        out += ["", "The canary's kernels, per decode step (mean):", "", "| way | kernel | launches | device us |",
+                "|---|---|---|---|"]
+        out += [f"| {way} | {name} | {k['launches']:g} | {k['us']:.1f} |" for way, name, k in per_kernel]
     if earlier:
         out += ["", "\\* A summary made before the analysis set the engine's code apart: its host time and calls include "
                 "the engine's sampler, which runs inside the canary's sample wrapper, and it has no device-busy "

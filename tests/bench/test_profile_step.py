@@ -66,6 +66,8 @@ def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_t
     assert s["canary_host_us"] == 26.0
     assert s["canary_device_us"] == 4.0 + 2.0  # its kernel in the graph, and the copy its code launched
     assert s["device_busy_us"] == 4 + 300 + 5 + 2
+    assert s["canary_kernels_per_step"] == {"canary_pre_forward": {"launches": 1.0, "us": 4.0},
+                                            "elementwise_kernel": {"launches": 1.0, "us": 2.0}}
     # The exit's launch and the copy's; the sampler's, inside the canary's wrapper, is the engine's.
     assert s["calls_in_canary_frames"]["cudaLaunchKernel"] == {"per_step": 2, "us_per_step": 6.0, "total": 8}
     assert s["calls_in_canary_frames"]["aten::_local_scalar_dense"]["total"] == 1  # one read, not aten::item too
@@ -100,3 +102,4 @@ def test_the_report_shows_each_ways_summary(tmp_path):
     lines = report.profile_markdown(report.read_runs(tmp_path))
     assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel " \
            "2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
+    assert "| log | canary_pre_forward | 1 | 4.0 |" in lines  # each canary kernel's launches a step
