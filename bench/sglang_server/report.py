@@ -186,12 +186,15 @@ COST_MODELS = {
 }
 
 
+def device_of(suites: dict, suite: str, device: str) -> str:
+    """The machine a suite ran on: its archive's device.txt, else ``device`` (the folder's)."""
+    return suites.get(suite, {}).get(DEVICE, device)
+
+
 def other_machine(suites: dict, first: str, second: str, device: str) -> str:
     """The sentence naming a second cost suite left out because it ran on another machine, or ""."""
-    if second not in suites:
-        return ""
-    theirs = suites[second].get(DEVICE, device)
-    if theirs == suites.get(first, {}).get(DEVICE, device):
+    theirs = device_of(suites, second, device)
+    if second not in suites or theirs == device_of(suites, first, device):
         return ""
     return (f" The `{second}` archive (sglang's own, canary off again) ran on another machine ({theirs.split(',')[0]}) "
             "and is left out: ways compare only on one machine.")
@@ -201,7 +204,7 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
     (first, second), title, bar = COST_MODELS[model]
     ways = [w for w in WAYS if w in cost[0]]
     out = ["", f"## Cost per decode step ({title})", "",
-           f"Machine: {suites.get(first, {}).get(DEVICE, device)}.", "",
+           f"Machine: {device_of(suites, first, device)}.", "",
            "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
            "off over the same 40-step intervals (per interval, then the median). Canary off's step is its "
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
@@ -324,7 +327,6 @@ def http_markdown(suites: dict) -> list[str]:
     if not runs:
         return []
     meta = runs[(ways or list(runs))[0]]["json"]
-    argv = meta.get("argv", [])
     out = ["", "## The HTTP server under sglang's `bench_serving`", "",
            f"Machine: {suites.get('http', suites.get('deploy', {})).get(DEVICE, '?')}. `serve_http.py`: "
            "`python -m sglang.launch_server` (Llama-3-8B, 32 layers, random weights, Triton attention, "
@@ -556,8 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     cost = {}
     for model, (pair, _, _) in COST_MODELS.items():
         # Ways compare only on one machine: the second suite joins the first only when their devices agree.
-        first_device = suites.get(pair[0], {}).get(DEVICE, device)
-        same = [s for s in pair if suites.get(s, {}).get(DEVICE, device) == first_device]
+        same = [s for s in pair if device_of(suites, s, device) == device_of(suites, pair[0], device)]
         runs = {name: run for suite in same for name, run in suites.get(suite, {}).items()}
         cost[model] = cost_table(runs) if "off" in runs else []
     (args.folder / "results.json").write_text(json.dumps({"device": device, "correctness": correctness,

@@ -174,7 +174,7 @@ def score_log(text: str) -> Score:
         by_process.setdefault(found.group(1) if found else "", []).append(line)
     scores = [score(Injection.find_all(lines), Violation.find_all(lines))
               for lines in ("\n".join(group) for group in by_process.values())]
-    return _added(scores) if scores else score([], [])
+    return _added(scores)
 
 
 def _added(scores: list[Score]) -> Score:

@@ -47,8 +47,11 @@ class _Halves:
     attrs: tuple  # ((attr, half), ...)
     slots: int  # canary rows: one per slot id, padding slot 0 included
     slots_per_row: int  # 1 = token-major buffer rows, page_size = page-major rows
-    holds_kv: bool = True  # False: no layers (_layerless); real-KV words are a zero row shaped as like's
-    like: Optional["_Halves"] = None
+    like: Optional["_Halves"] = None  # set for a half with no layers (_layerless): the half its words are shaped as
+
+    @property
+    def holds_kv(self) -> bool:
+        return self.like is None
 
 
 def _name(obj: Any) -> str:
@@ -127,7 +130,7 @@ def _layerless(top: Any, pool: Any, like: _Halves) -> _Halves:
     size, page = getattr(pool, "size", None), getattr(pool, "page_size", None)
     if not (isinstance(size, int) and isinstance(page, int) and page >= 1):
         raise _refuse(top, f"its full_kv_pool {type(pool).__qualname__} has no layers and no size and page_size")
-    return _Halves(pool, "mha", like.attrs, size + page, 1, holds_kv=False, like=like)
+    return _Halves(pool, "mha", like.attrs, size + page, 1, like=like)
 
 
 def _swa_mapping(pool: Any, allocator: Any) -> Any:
