@@ -398,9 +398,12 @@ def scaling(copy_bw, results, realkv_modes, config, pool_rows):
             # realkv=all passes take milliseconds: a few per graph spread the launch just as well.
             ms = per_pass_ms(forward, passes=PASSES if realkv != "all" else 3)
             replay_ms = bench_graph(forward)
+            # Each pass alone, the same way: where a small batch's time goes.
+            pre_ms = per_pass_ms(lambda: ops.pre_forward(state, plan, ids), passes=PASSES if realkv != "all" else 3)
+            post_ms = per_pass_ms(lambda: ops.post_forward(state, plan), passes=PASSES if realkv != "all" else 3)
             attention_ms = reqs * ctx * KV_BYTES_PER_TOKEN / copy_bw * 1e3
             row = dict(realkv=realkv, reqs=reqs, ctx=ctx, pool_rows=state.req_to_token.shape[0],
-                       canary_us=ms * 1e3, replay_us=replay_ms * 1e3, attention_us=attention_ms * 1e3,
+                       canary_us=ms * 1e3, pre_us=pre_ms * 1e3, post_us=post_ms * 1e3, replay_us=replay_ms * 1e3, attention_us=attention_ms * 1e3,
                        percent=100 * ms / attention_ms, violations=int(state.ring_count[0]))
             log("scaling", row)
             out.append(row)
@@ -524,7 +527,11 @@ def main():
     parser.add_argument("--kernel-dir", type=Path, default=None,
                         help="time the kernels rendered here (a template variant) instead of the shipped ones")
     parser.add_argument("--shapes", type=int, default=None, help="only the first N shapes of the scaling table")
+    parser.add_argument("--shape", action="append", default=None, metavar="REQSxCTX",
+                        help="the scaling table's shapes instead of its own (repeatable, e.g. 1x1024)")
     args = parser.parse_args()
+    if args.shape:
+        SCALING[:] = [tuple(int(v) for v in shape.split("x")) for shape in args.shape]
     if args.shapes:
         del SCALING[args.shapes:]
     globals().update(KERNEL_DIR=args.kernel_dir, LAYERS=args.layers, LAYER_BUFFERS=args.layer_buffers, REQUEST_SIDE=args.request_side,
