@@ -2,7 +2,7 @@
 # The real-sglang run on the GPU machine, from the repository root:
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
-#                                                    corpus1, corpus2, corpus3, cost-a, cost-b, cost-1b-a,
+#                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-1b-a,
 #                                                    cost-1b-b, http, http-off, http-ours, http-upstream,
 #                                                    deploy, tp2, profile)
 #
@@ -233,7 +233,7 @@ for suite in "$@"; do
         # Each bug of the suite's half of the corpus (bugs.py) served three ways at once: ours (log),
         # sglang's own canary (log), canary off. Every run is watched (watch.py): a hang is dumped and killed.
         [ "$suite" = corpus1 ] && corpus=(decode_table_shift radix_match_short radix_split_reversed) \
-            || corpus=(radix_evict_locked_parent radix_insert_leak allocator_free_neighbour)
+            || corpus=(radix_evict_locked_parent radix_insert_frees_new allocator_free_neighbour)
         common=(correctness --layout mha --decode-steps 1500 --mem-fraction 0.9)
         for bug in "${corpus[@]}"; do
             ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
@@ -260,6 +260,21 @@ for suite in "$@"; do
             release=$(buggy "$bug-release" "$bug" "$WORK/site")
             [ -n "$ours" ] && [ -n "$release" ] || exit 2
             common=(correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 "${extra[@]}")
+            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
+            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+        done
+        wait
+        ;;
+    corpus4)
+        # The radix cache's eviction and insert bugs again, where they are reached: a 4096-token pool, so the
+        # cache evicts in every wave (16384 tokens held every wave's requests and their prefixes, and
+        # radix_evict_locked_parent never ran its edit), three ways at once.
+        common=(correctness --layout mha --decode-steps 1500 --pool-tokens 4096 --mem-fraction 0.9)
+        for bug in radix_evict_locked_parent radix_insert_frees_new; do
+            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
+            release=$(buggy "$bug-release" "$bug" "$WORK/site")
+            [ -n "$ours" ] && [ -n "$release" ] || exit 2
             watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
             watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
             watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &

@@ -457,7 +457,7 @@ def bug_cell(run: dict, ours: bool) -> str:
 
 
 def bugs_markdown(suites: dict) -> list[str]:
-    corpus = {name: run for suite in ("corpus1", "corpus2", "corpus3") for name, run in suites.get(suite, {}).items()
+    corpus = {name: run for suite in ("corpus1", "corpus2", "corpus3", "corpus4") for name, run in suites.get(suite, {}).items()
               if name != DEVICE and "." in name}
     flood = {name: run for name, run in suites.get("flood", {}).items() if name != DEVICE}
     if not corpus and not flood and "attrib" not in suites:
@@ -520,7 +520,9 @@ def bugs_markdown(suites: dict) -> list[str]:
     if corpus:
         out += ["", "### The corpus: ours, sglang's own canary, and sglang alone", "",
                 "Every bug's three engines at once: `corpus1` and `corpus2` on MHA, 1500 planned decode steps; `corpus3` "
-                "on the layout or feature each bug needs (SWA on gpt-oss, EAGLE, MHA with HiCache), 1000.", "",
+                "on the layout or feature each bug needs (SWA on gpt-oss, EAGLE, MHA with HiCache), 1000; `corpus4` the "
+                "radix cache's eviction and insert bugs on MHA with a 4096-token pool (the cache evicts in every wave), "
+                "1500. A bug served by two suites shows the later one's runs.", "",
                 "| bug | what it breaks | ours | sglang's own canary | canary off (sglang alone) |", "|---|---|---|---|---|"]
         for bug, what in BUG_NAMES.items():
             ways = [corpus.get(f"{bug}.{way}") for way in ("ours", "upstream", "off")]
