@@ -38,15 +38,6 @@ class RequestSide:
         self.freed: list = []  # device tensors of freed KV slots that did not fit state.freed (copies)
         self.offset = 0  # entries of state.freed appended since the last forward's entry
         self.pending = False
-        # Views of state.freed's first n entries by n: a step's one free (the usual case) copies into a kept
-        # view, so the note is one device op and no slicing on the host. With the buffer they are of and its
-        # length, rebound when state.freed is replaced (a reinstall).
-        self._head_views: dict = {}
-        self._views_of: Any = None
-        self._capacity = 0
-        import torch
-
-        self._slot_dtype = torch.int64
 
     def after_alloc(self, args: tuple, kwargs: dict, rows: Any) -> Any:
         """The wrapped row allocation's note (``instance_wrap.wrap_call``): its result is the rows."""
@@ -68,36 +59,21 @@ class RequestSide:
         self.pending = bool(self.new_rows) or bool(self.freed)
 
     def on_free(self, free_index: Any) -> None:
-        # Possibly once a step (rejected drafts): every torch call here costs its caller several times its
-        # warm cost, so the usual 1-D free that fits takes only numel and the copy.
         try:
             n = free_index.numel()
         except AttributeError:  # None, or not a tensor: nothing the device can mark
             return
         if n == 0:
             return
-        buffer = self.state.freed
-        if buffer is not self._views_of:
-            self._rebind(buffer)
-        offset = self.offset
-        if offset + n <= self._capacity:
-            view = None if offset else self._head_views.get(n)
-            if view is None:
-                view = buffer[offset : offset + n]
-                if not offset and len(self._head_views) < MAX_HEAD_VIEWS:
-                    self._head_views[n] = view
-            try:
-                view.copy_(free_index)
-            except RuntimeError:  # a free of another shape (2-D, say): its slots in order
-                view.copy_(free_index.reshape(-1))
+        buffer, offset = self.state.freed, self.offset
+        if buffer is not None and offset + n <= buffer.shape[0]:
+            buffer[offset : offset + n].copy_(free_index.reshape(-1))  # one device op; the next pass marks them
             self.offset = offset + n
-        else:
-            self.freed.append(free_index.reshape(-1).to(dtype=self._slot_dtype, copy=True))
-        self.pending = True
+        else:  # no room: a copy, marked at the next forward's entry (apply)
+            import torch
 
-    def _rebind(self, buffer: Any) -> None:
-        self._head_views, self._views_of = {}, buffer
-        self._capacity = 0 if buffer is None else int(buffer.shape[0])
+            self.freed.append(free_index.reshape(-1).to(dtype=torch.int64, copy=True))
+        self.pending = True
 
     def apply(self) -> None:
         """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
@@ -171,9 +147,6 @@ def unwrap_allocators(model_runner: Any) -> None:
                 del obj.__dict__[name]
 
 
-# Free sizes whose view of the freed-slot buffer is kept (a step that frees the drafts it rejected frees up
-# to the batch times the draft tokens, so a few hundred sizes in practice).
-MAX_HEAD_VIEWS = 1024
 # Entries of the freed-slot buffer per req-pool row: room for a step that frees this many slots per request
 # (rejected drafts); a larger free is marked at the next forward's entry instead.
 FREED_PER_ROW = 8
