@@ -4,7 +4,7 @@
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
 #                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-1b-a,
 #                                                    cost-1b-b, http, http-off, http-ours, http-upstream,
-#                                                    deploy, tp2, profile)
+#                                                    deploy, mtp, tp2, profile)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -144,20 +144,24 @@ for suite in "$@"; do
         [[ $suite == http || $suite == http-upstream ]] && http http-upstream "$RELEASE" --kv-canary log --port 30012
         ;;
     deploy)
-        # Where users deploy, correctness: FlashInfer's attention on MHA and MLA, clean and perturbed; multi-layer
-        # EAGLE; the HTTP server (ours) with every perturbation armed, under bench_serving. Engines share the GPU.
+        # Where users deploy, correctness: FlashInfer's attention on MHA and MLA, clean and perturbed; the HTTP
+        # server (ours) with every perturbation armed, under bench_serving. Engines share the GPU.
         for layout in mha mla; do
             run "fi-$layout-clean" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
                 --decode-steps 1000 --mem-fraction 0.9 &
             run "fi-$layout-perturb" "$OURS" correctness --layout "$layout" --attention-backend flashinfer \
                 --perturb 0.02 --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.9 &
         done
-        # Multi-layer EAGLE (Step-3.5's three MTP layers, one draft runner per step), clean and perturbed.
+        http http-ours-perturb "$OURS" --kv-canary log --perturb 0.02 --port 30020 --rates 32 inf \
+            --max-total-tokens 65536 --mem-fraction 0.9 &
+        wait
+        ;;
+    mtp)
+        # Multi-layer EAGLE (Step-3.5's three MTP layers, one draft runner per step; the drafts attend with
+        # FlashInfer, serve.py says why), clean and perturbed, at once.
         run mtp-clean "$OURS" correctness --layout mtp --decode-steps 1000 --mem-fraction 0.9 &
         run mtp-perturb "$OURS" correctness --layout mtp --perturb 0.02 --kv-canary-sweep-interval 16 \
             --decode-steps 1000 --mem-fraction 0.9 &
-        http http-ours-perturb "$OURS" --kv-canary log --perturb 0.02 --port 30020 --rates 32 inf \
-            --max-total-tokens 65536 --mem-fraction 0.9 &
         wait
         ;;
     tp2)
