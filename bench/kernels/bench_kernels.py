@@ -398,18 +398,47 @@ def scaling(copy_bw, results, realkv_modes, config, pool_rows):
             # realkv=all passes take milliseconds: a few per graph spread the launch just as well.
             ms = per_pass_ms(forward, passes=PASSES if realkv != "all" else 3)
             replay_ms = bench_graph(forward)
-            # Each pass alone, the same way: where a small batch's time goes.
-            pre_ms = per_pass_ms(lambda: ops.pre_forward(state, plan, ids), passes=PASSES if realkv != "all" else 3)
-            post_ms = per_pass_ms(lambda: ops.post_forward(state, plan), passes=PASSES if realkv != "all" else 3)
             attention_ms = reqs * ctx * KV_BYTES_PER_TOKEN / copy_bw * 1e3
             row = dict(realkv=realkv, reqs=reqs, ctx=ctx, pool_rows=state.req_to_token.shape[0],
-                       canary_us=ms * 1e3, pre_us=pre_ms * 1e3, post_us=post_ms * 1e3, replay_us=replay_ms * 1e3, attention_us=attention_ms * 1e3,
+                       canary_us=ms * 1e3, replay_us=replay_ms * 1e3, attention_us=attention_ms * 1e3,
                        percent=100 * ms / attention_ms, violations=int(state.ring_count[0]))
             log("scaling", row)
             out.append(row)
             del state, plan
             torch.cuda.empty_cache()
     results["scaling"] = out
+
+
+SMALL = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024)]
+SMALL_PROGRAMS_PER_SM = (16, 4, 1)
+
+
+def small_batches(results):
+    """Where a small decode batch's canary time goes: each pass alone, per pass as the scaling table times
+    them, realkv=partial, with what a server's pass also does (the freed-slot mark before the pre pass, the
+    status publish into pinned host memory at the end of the post pass) and without, at several grid sizes."""
+    from canary_instrument.runtime.checks.request_side import make_freed_buffer
+    from canary_instrument.runtime.passes.status import allocate_status
+
+    out = []
+    for reqs, ctx in SMALL:
+        for served in (True, False):
+            state, plan, ids = build("mha", "partial", reqs, ctx, pool_rows=4097)
+            if served:
+                allocate_status(state, 1024, torch.device(DEV))
+                state.freed = make_freed_buffer(state.req_to_token.shape[0], DEV)
+            for per_sm in SMALL_PROGRAMS_PER_SM if served else SMALL_PROGRAMS_PER_SM[:1]:
+                ops = make_ops((128, 4, per_sm))
+                row = dict(reqs=reqs, ctx=ctx, served=served, programs_per_sm=per_sm,
+                           pre_us=1e3 * per_pass_ms(lambda: ops.pre_forward(state, plan, ids)),
+                           post_us=1e3 * per_pass_ms(lambda: ops.post_forward(state, plan)),
+                           both_us=1e3 * per_pass_ms(decode_forward(ops, state, plan, ids)),
+                           violations=int(state.ring_count.reshape(-1)[0]))
+                log("small", row)
+                out.append(row)
+            del state, plan
+            torch.cuda.empty_cache()
+    results["small"] = out
 
 
 class _Node:
@@ -507,7 +536,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep"])
+    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep", "small"])
     parser.add_argument("--scaling-realkv", nargs="+", default=["none", "partial", "all"],
                         choices=["none", "partial", "all"], help="real-KV modes of the scaling table")
     # sglang sizes req_to_token by max_running_requests + 1 padding row, 2048-4096 requests by default;
@@ -570,6 +599,9 @@ def main():
         save()
     if "sweep" in args.only:
         sweep_cost(results)
+        save()
+    if "small" in args.only:
+        small_batches(results)
         save()
     if "scaling" in results:
         plot(results, args.out / "scaling.png")

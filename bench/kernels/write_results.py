@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 RUNS = ("h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
 PLAN_WIDTH = "h100_plan_width.json"  # plan_width.py's run
 SECTIONS = {"tuning": "tuning", "verify": "verify bandwidth", "write_16k": "16k write",
-            "vs_reference": "torch reference", "sweep": "sweep"}
+            "vs_reference": "torch reference", "sweep": "sweep", "small": "small batches"}
 COMMAND = "python bench/kernels/write_results.py > bench/kernels/RESULTS.md"
 
 
@@ -211,6 +211,26 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
                     f"`{name}`")
                    for mode in ("none", "partial", "all") if mode in by_mode
                    for name, rows in [by_mode[mode]] for s in rows]),
+            "",
+        ]
+    found = newest(runs, "small")
+    if found:
+        name, r = found
+        lines += [
+            "## Small decode batches: where each pass's time goes (realkv=partial)",
+            "",
+            "Each pass alone and both together, per pass as the scaling table times them, at several grid sizes."
+            " *As served*: what a server's passes also do, the freed-slot mark kernel before the pre pass and the"
+            " status publish into pinned host memory at the end of the post pass; *bare*: neither. The work grows"
+            " 64-fold from 1 x 1024 to 64 x 1024 and 8-fold from 1 x 1024 to 1 x 8192.",
+            "",
+            table(["requests x context", "passes", "programs/SM", "pre (us)", "post (us)", "pre + post (us)",
+                   "violations"],
+                  [(f"{w['reqs']} x {w['ctx']}", "as served" if w["served"] else "bare", w["programs_per_sm"],
+                    f"{w['pre_us']:.1f}", f"{w['post_us']:.1f}", f"{w['both_us']:.1f}", w["violations"])
+                   for w in r["small"]]),
+            "",
+            source(name),
             "",
         ]
     found = newest(runs, "sweep")
