@@ -10,6 +10,7 @@ never handed out: CUDA-graph padding rows point at it.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -411,3 +412,84 @@ class GraphRunner:
             for name in self.buffers:
                 self.buffers[name][i, :raw].copy_(getattr(b, name))
         self.graphs[bs].replay()
+
+
+class _LaunchRecorder:
+    """The manager's ops while a ``ReplayedGraph`` captures: each canary launch is run and kept, as a CUDA graph
+    keeps the kernels launched into it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.launches = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def pre_forward(self, state, plan, input_ids):
+        self.launches.append(("pre_forward", (state, plan, input_ids)))
+        self.inner.pre_forward(state, plan, input_ids)
+
+    def post_forward(self, state, plan):
+        self.launches.append(("post_forward", (state, plan)))
+        self.inner.post_forward(state, plan)
+
+
+class ReplayedGraph:
+    """A draft-extend graph on any device, the way a CUDA graph behaves for the canary: captured once over static
+    buffers (the canary passes launched into it by the bracketed forward, which plan from those buffers), then
+    replayed with no host call into the manager: the kept launches and the model run again over the refilled
+    buffers. ``site``: the capture runs inside the capture site ``apply`` wires (the active sub-forward only),
+    else with no canary context at all (a capture no catalogued site covers). One graph per batch size, padded
+    with req-pool row 0 and slot 0 like sglang's graph runners."""
+
+    def __init__(self, runner, width: int, sizes=(1, 2), site: bool = True):
+        self.runner, self.width, self.sizes = runner, width, sorted(sizes)
+        dev, n = runner.device, max(sizes)
+
+        def buf(count, fill=0):
+            return torch.full((count,), fill, dtype=torch.int64, device=dev)
+
+        self.input_ids, self.positions, self.out_cache_loc = buf(n * width), buf(n * width), buf(n * width)
+        self.req_pool_indices, self.seq_lens = buf(n), buf(n, width)
+        self.extend_seq_lens = torch.full((n,), width, dtype=torch.int32, device=dev)
+        manager = runner.canary_manager
+        self.launches = {}
+        for bs in self.sizes:
+            static = self.batch(bs)
+            inner = manager.ops
+            manager.ops = recorder = _LaunchRecorder(inner)
+            try:
+                with canary_context(manager, active=0) if site else contextlib.nullcontext():
+                    runner.model.forward(static.input_ids, static.positions, static)
+            finally:
+                manager.ops = inner
+            self.launches[bs] = recorder.launches
+
+    def batch(self, bs: int) -> ForwardBatch:
+        # sglang's v2 draft-extend graph batch: extend_seq_lens but no extend_prefix_lens (prefix = seq_lens - width).
+        tokens = bs * self.width
+        return ForwardBatch(ForwardMode.DRAFT_EXTEND, bs, self.req_pool_indices[:bs], self.seq_lens[:bs],
+                            self.input_ids[:tokens], self.positions[:tokens], self.out_cache_loc[:tokens],
+                            extend_seq_lens=self.extend_seq_lens[:bs], num_tokens_per_req=self.width)
+
+    def replay(self, batch: ForwardBatch) -> None:
+        raw = batch.batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, raw)]
+        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices):
+            buf.zero_()
+        self.seq_lens.fill_(self.width)
+        tokens = raw * self.width
+        self.input_ids[:tokens].copy_(batch.input_ids)
+        self.positions[:tokens].copy_(batch.positions)
+        self.out_cache_loc[:tokens].copy_(batch.out_cache_loc)
+        self.req_pool_indices[:raw].copy_(batch.req_pool_indices)
+        self.seq_lens[:raw].copy_(batch.seq_lens)
+        static = self.batch(bs)
+        ops = self.runner.canary_manager.ops
+        model = self.runner.model
+        for kernel, args in self.launches[bs]:
+            if kernel == "post_forward":
+                type(model).forward(model, static.input_ids, static.positions, static)  # the model, unbracketed
+            getattr(ops, kernel)(*args)
+        if not self.launches[bs]:
+            type(model).forward(model, static.input_ids, static.positions, static)

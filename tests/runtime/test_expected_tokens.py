@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from canary_instrument.runtime import mark_init_finished
+from canary_instrument.runtime import CanaryViolationError, mark_init_finished
+from canary_instrument.runtime.reports.stats import StatsLine
 from canary_instrument.runtime.reports.summary import SummaryLine
 from canary_instrument.runtime.step.plan import plan_from_batch
 
-from .mini_engine import ForwardMode, MiniRunner, Scheduler, draft_step_batches, server_args
+from .mini_engine import ForwardMode, MiniRunner, ReplayedGraph, Scheduler, draft_step_batches, server_args
 
 
 def _serving(dev, **args):
@@ -275,14 +276,14 @@ def test_a_draft_s_flood_is_summarised_per_interval_of_target_steps(dev, canary_
 
 
 def test_a_draft_whose_worker_never_ends_its_init_is_checked_from_its_target_s_first_step(dev):
-    """sglang's multi-layer EAGLE worker never calls mark_init_finished on its draft runners: their canary
-    starts with the first draft forward after the target has served a step, and catches what it should."""
+    """A draft whose worker has sites but no init-finished hook: the target ends the draft's init at its first step
+    end (the draft then follows it), and the draft's own sites check from its next forward on."""
     e = Eagle(dev, draft_init=False)
     draft = e.draft.canary_manager
     e._draft_extend(e.sched.extend([e.sched.new_request([1, 2, 3])]))  # before any target step: warm-up
     assert not draft.init_finished
     reqs = e.prefill([[1, 2, 3, 4, 5, 6]], [7], rotate=False)  # the target's first step, then the draft's extend
-    assert draft.init_finished
+    assert draft.init_finished and draft.follows_target
     e.draft_chain(reqs)
     found = draft.flush()
     assert found and {v.reasons for v in found} == {frozenset({"token"})}
@@ -308,3 +309,203 @@ def test_a_draft_that_ends_its_init_by_itself_is_not_warned_about_during_warm_up
         e._draft_extend(e.sched.extend([req]))
         e.sched.finish(req)
     assert "mark_init_finished() was not called" not in canary_log.text
+
+
+# ---------------------------------------------------------------------- multi-layer EAGLE (MTP) draft runners
+
+WIDTH = STEPS + 1  # multi-layer EAGLE: speculative_num_draft_tokens == speculative_num_steps + 1
+
+
+def _rotated(ids, new, at=None):
+    """sglang's ``rotate_input_ids`` on one request's segment: shift left by one, write ``new`` at ``at`` (the
+    request's last accepted row, ``select_index``), else at the end."""
+    out = list(ids[1:]) + [ids[-1]]
+    out[len(ids) - 1 if at is None else at] = new
+    return out
+
+
+class MultiLayerEagle:
+    """sglang's multi-layer EAGLE worker (0.5.17 ``multi_layer_eagle_worker_v2``), as the canary sees it: one draft
+    runner per chain step, each with its own KV pool, all sharing the target's req_to_token and slots, installed in
+    chain order. The worker wires no canary site and ends no draft runner's init: a draft forward is the runner's
+    own ``forward`` (whose site is off on a draft worker) or a replay of the step's draft-extend graph, captured
+    through the capture site ``apply`` wires in its graph runner (``capture_site=False``: a capture no site covers,
+    like the single-graph variant's). Chain step s reads the input ids rotated s + 1 times."""
+
+    def __init__(self, dev, graphs=True, capture_site=True, **args):
+        args = server_args(speculative_num_steps=STEPS, **args)
+        self.dev = dev
+        self.target = MiniRunner(args, device=dev, size=512, max_context=64)
+        self.drafts = [MiniRunner(args, device=dev, size=512, max_context=64, is_draft_worker=True,
+                                  req_to_token_pool=self.target.req_to_token_pool) for _ in range(STEPS)]
+        self.sched = Scheduler(self.target)
+        mark_init_finished(self.target.canary_manager)  # the target's hook; the drafts get none
+        self.graphs = [ReplayedGraph(d, WIDTH, site=capture_site) for d in self.drafts] if graphs else None
+
+    @property
+    def managers(self):
+        return [d.canary_manager for d in self.drafts]
+
+    def extend(self, reqs, sampled, tails=None, guesses=None):
+        """A target extend (prefill or a chunk of it) and its sample, then the chain's draft-extend over the same
+        positions. Step 0's ids are the request's next tokens with ``tails`` (default: the sampled token, as the
+        0.5.17 multi-layer worker does even for a chunk the engine goes on with) at the end; each later step's are
+        the last one's rotated once more, with the chain's guess at the end."""
+        prefix = [len(r.slots) for r in reqs]
+        batch = self.sched.extend(reqs)
+        self.target.forward_and_sample(batch, sampled)
+        tails = sampled if tails is None else tails
+        segments = [r.tokens[p + 1:] + [t] for r, p, t in zip(reqs, prefix, tails)]
+        for step, draft in enumerate(self.drafts):
+            if step:
+                segments = [_rotated(s, 300 + 10 * step + i) for i, s in enumerate(segments)]
+            draft.forward(dataclasses.replace(batch, input_ids=torch.tensor(
+                [t for s in segments for t in s], device=self.dev)))
+
+    def prefill(self, prompts, sampled):
+        reqs = [self.sched.new_request(p) for p in prompts]
+        self.extend(reqs, sampled)
+        return reqs
+
+    def round(self, reqs, last, drafts, accepted, bonus, swap_first=False):
+        """One decode step: the target verifies [last, drafts], keeps ``accepted`` drafts plus ``bonus``, then each
+        chain step's draft-extend runs over the verified positions (step 0 reads the target's predictions; each later
+        step's ids are rotated once more, the chain's guess at the request's last accepted row); returns the new
+        last tokens (the next verify's first inputs)."""
+        sched = self.sched
+        ids = [[t] + d for t, d in zip(last, drafts)]
+        if swap_first:
+            ids[0][0], ids[1][0] = ids[1][0], ids[0][0]
+        verify, cached = _target_verify(sched, reqs, ids)
+        self.target.forward(verify)
+        segments = [d[:a] + [b] + [200 + j for j in range(len(d) - a)] for d, a, b in zip(drafts, accepted, bonus)]
+        extend = dataclasses.replace(
+            verify, forward_mode=ForwardMode.DRAFT_EXTEND, seq_lens=verify.seq_lens + WIDTH,
+            extend_prefix_lens=None, extend_seq_lens=torch.full((len(reqs),), WIDTH, device=self.dev),
+            num_tokens_per_req=WIDTH, spec_info=None,
+        )
+        for step, draft in enumerate(self.drafts):
+            if step:
+                segments = [_rotated(s, 400 + 10 * step + i, at=a) for i, (s, a) in enumerate(zip(segments, accepted))]
+            ids = torch.tensor([t for s in segments for t in s], device=self.dev)
+            batch = dataclasses.replace(extend, input_ids=ids)
+            if self.graphs is not None:
+                self.graphs[step].replay(batch)
+            else:
+                draft.forward(batch)
+        for r, n, a in zip(reqs, cached, accepted):
+            del r.tokens[n + 1 + a:]
+            sched.free_slots += r.slots[n + 1 + a:]
+            r.slots = r.slots[: n + 1 + a]
+        return list(bonus)
+
+    def serve(self, rounds=4, swap_at=None):
+        reqs = self.prefill([[1, 2, 3, 4], [5, 6, 7, 8, 9]], [10, 11])
+        last = [10, 11]
+        steps = []
+        for round_ in range(rounds):
+            drafts = [[30 + 3 * round_ + j for j in range(STEPS)], [60 + 3 * round_ + j for j in range(STEPS)]]
+            accepted = [(2, 0), (0, 1), (1, 3), (3, 2)][round_ % 4]
+            last = self.round(reqs, last, drafts, accepted, [40 + round_, 70 + round_], swap_first=round_ == swap_at)
+            steps.append(self.target.canary_manager.step)
+        return reqs, steps
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graph-replay", "eager"])
+def test_multi_layer_eagle_draft_runners_follow_their_target_and_stay_clean(dev, graphs):
+    """sglang's multi-layer EAGLE worker has no canary site and never ends its draft runners' init: the target ends
+    it at its first step end, and every draft runner is checked from then on, through its graph replays (which the
+    host never sees: its target's step ends read what they published) or its bare forwards (planned by themselves)."""
+    e = MultiLayerEagle(dev, graphs=graphs)
+    target = e.target.canary_manager
+    assert [m.target for m in e.managers] == [target] * STEPS and target.drafts == e.managers
+    e.serve(rounds=6)
+    assert all(m.init_finished and m.follows_target for m in e.managers)
+    assert target.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
+    for m in e.managers:
+        # One forward a target step from the target's first step on (the prefill's draft-extend, then every round's),
+        # each verifying what the last one wrote: their passes ran and were read.
+        stats = m.stats()
+        assert stats.pre_runs == stats.post_runs == 1 + 6, m
+        assert stats.verified > 0 and stats.written == (9 + 6 * 2 * WIDTH) * 2  # both requests' rows, K and V
+        assert m.step == target.step - 1  # a step each target step end after the first
+
+
+def test_only_the_first_chain_step_is_compared_with_the_target(dev, canary_log):
+    """Chain step s's slot p holds token p + s + 1; the comparison reads the target's row of position p + 1, so only
+    the first draft runner installed on a target makes it (the others are said to be chain steps)."""
+    e = MultiLayerEagle(dev)
+    rows = [m.state.target_rows for m in e.managers]
+    assert rows[0] is e.target.canary_manager.state.groups[0].rows and rows[1:] == [None] * (STEPS - 1)
+    assert "is draft runner 2 on its target (a multi-layer EAGLE chain step: slot p holds token p + 2)" in (
+        canary_log.text)
+    assert "is draft runner 3 on its target" in canary_log.text
+
+
+@pytest.mark.parametrize("capture_site", [True, False], ids=["capture-site", "no-capture-site"])
+def test_a_swapped_verify_input_is_caught_by_the_first_chain_step_s_graph(dev, capture_site):
+    """next_token_swap in a target verify: only the draft's comparison sees it (the verify's own rows are
+    consistent). Chain step 0's draft-extend graph after that verify reports it at the target's row, labelled with
+    the verify's step, read at the next target step end. A graph captured with no canary context still carries the
+    passes: a draft's bracketed forward before init routes itself to its sub-forward, as the capture site would."""
+    e = MultiLayerEagle(dev, capture_site=capture_site)
+    target, first = e.target.canary_manager, e.managers[0]
+    reqs, steps = e.serve(rounds=3, swap_at=1)
+    found = first.flush()
+    assert target.flush() == [] and [m.flush() for m in e.managers[1:]] == [[]] * (STEPS - 1)
+    assert {v.reasons for v in found} == {frozenset({"token"})} and {v.kernel for v in found} == {"pre_forward"}
+    swapped = {(v.req_pool_index, v.position, v.stored, v.expected) for v in found}
+    # Round 1 verified [last, drafts] at the cached length n: request 0 kept 2 drafts in round 0 (n = 4 + 1 + 2),
+    # request 1 none (n = 5 + 1); each one's row n got the other's last token (the target's as stored).
+    assert swapped == {(reqs[0].row, 7, 70, 40), (reqs[1].row, 6, 40, 70)}
+    assert {v.slot for v in found} == {reqs[0].slots[7], reqs[1].slots[6]}
+    # First at the verify's step, where the swap landed (then again at every later draft-extend reading the row).
+    assert min(v.step for v in found) == steps[1]
+
+
+def test_a_follower_s_violation_read_at_flush_carries_the_target_s_step(dev):
+    e = MultiLayerEagle(dev)
+    reqs, steps = e.serve(rounds=2, swap_at=1)  # no target step after the swap's draft-extend
+    found = e.managers[0].flush()
+    assert found and {v.step for v in found} == {steps[1]}
+
+
+def test_a_follower_s_violation_raises_out_of_the_target_s_next_step(dev):
+    e = MultiLayerEagle(dev, kv_canary="raise")
+    with pytest.raises(CanaryViolationError):
+        e.serve(rounds=3, swap_at=1)
+
+
+def test_each_draft_runner_logs_its_own_stats_lines(dev, canary_log):
+    e = MultiLayerEagle(dev, kv_canary_stats_interval=2)
+    e.serve(rounds=6)
+    for m in [e.target.canary_manager, *e.managers]:
+        m.flush()
+    lines = StatsLine.find_all(canary_log.text)
+    # The target: steps 2, 4, 6 of its 7 (a prefill, six rounds); each draft runner: a step at each target step end
+    # after the first (6), its forwards read: one a target step.
+    assert sorted(s.step for s in lines) == [2] * 4 + [4] * 4 + [6] * 4
+    assert all(s.pre_runs == s.step and s.violations == 0 for s in lines)
+
+
+@pytest.mark.parametrize("next_prompt_tail", [False, True], ids=["sampled-tail", "next-prompt-tail"])
+def test_a_chunk_s_draft_tail_from_the_discarded_sample_is_reported(dev, next_prompt_tail):
+    """A prompt prefilled in two chunks: the 0.5.17 multi-layer worker ends the first chunk's draft-extend with the
+    chunk's (discarded) sample, not the prompt's next token (the chunked-prefill chain divergence its code leaves as a
+    TODO; the single-layer worker takes the next prompt token since sglang PR #26329). The first chain step's row at
+    the chunk's last position then disagrees with the target's row of the next one, where the second chunk's draft
+    extend reports it."""
+    e = MultiLayerEagle(dev)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18]
+    req = e.sched.new_request(prompt[:4])
+    e.extend([req], [99], tails=[prompt[4]] if next_prompt_tail else None)  # chunk 1; the engine discards 99
+    req.tokens = list(prompt)
+    e.extend([req], [20])  # chunk 2
+    e.round([req, e.sched.new_request([])][:1], [20], [[21, 22, 23]], [1], [24])  # a target step end reads it
+    found = e.managers[0].flush()
+    if next_prompt_tail:
+        assert found == []
+        return
+    assert {(v.req_pool_index, v.position, v.stored, v.expected, v.slot) for v in found} == {
+        (req.row, 4, 15, 99, req.slots[4])}
+    assert [m.flush() for m in e.managers[1:]] == [[]] * (STEPS - 1) and e.target.canary_manager.flush() == []

@@ -61,19 +61,28 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
             f"kv canary: server_args.speculative_eagle_topk={topk}: the canary plans one new token per request "
             "and draft step; EAGLE draft trees (topk > 1) are not supported"
         )
-    sampled, target_rows, target_steps = None, None, None
+    sampled, target_rows = None, None
     if settings.token_check and not is_draft and callable(getattr(model_runner, "sample", None)):
         sampled = SampledTokens(int(req_to_token.shape[0]), device)
+    # An EAGLE draft's target: the manager of the runner sharing its req_to_token (the target installs first).
+    target = find_target(req_to_token) if is_draft else None
     if settings.token_check and is_draft:
-        target = find_target(req_to_token)
         if target is None:
             logger.warning(
                 "kv canary: the draft runner %s found no target canary sharing its req_to_token (install the "
                 "target first); its token check is off", type(model_runner).__qualname__,
             )
-        else:
+        elif not target.drafts:
             target_rows = target.state.groups[0].rows
-            target_steps = target.steps
+        else:
+            # Several draft runners on one target are the steps of a multi-layer EAGLE chain, installed in chain
+            # order: step k's input ids are rotated k + 1 times, so its slot p holds token p + k + 1, while the
+            # comparison reads the target's row of position p + 1 (the first draft runner's offset).
+            logger.info(
+                "kv canary: the draft runner %s is draft runner %d on its target (a multi-layer EAGLE chain step: "
+                "slot p holds token p + %d); its rows are not compared with the target's, which hold token p + 1 "
+                "at p", type(model_runner).__qualname__, len(target.drafts) + 1, len(target.drafts) + 1,
+            )
     state = CanaryState(
         layout=attached.layout,
         realkv=settings.real_kv,
@@ -117,7 +126,10 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
         process_group=find_process_group(model_runner),
     )
     manager.request_side = side
-    manager.steps.target = target_steps  # a draft's reports carry its target's step numbers
+    if target is not None:
+        manager.target = target
+        manager.steps.target = target.steps  # a draft's reports carry its target's step numbers
+        target.drafts.append(manager)  # a draft whose worker never ends its init follows its target (manager.py)
     register_kv_pool(pool, manager)  # a HiCache host pool attached later finds these rows by its device pool
     if settings.jitter_max_us:
         from canary_instrument.runtime.features.jitter import install_jitter

@@ -35,17 +35,22 @@ class TinyModel(torch.nn.Module):
     """Real ``RadixAttention`` layers; each forward writes a KV row per new token into the real pool, as attention
     does, and returns logits whose argmax is a fixed function of (token, position)."""
 
-    def __init__(self, sg, pool, layout: str, window: Optional[int]):
+    def __init__(self, sg, pool, layout: str, window: Optional[int], swa_mapping=None):
         super().__init__()
         self.pool = pool
         self.layout = layout
         attention = sg.radix_attention.RadixAttention
+        # "mtp": a multi-layer EAGLE draft's one MTP layer, a sliding-window one.
+        count = 1 if layout == "mtp" else LAYERS
         self.layers = torch.nn.ModuleList(
             attention(num_heads=HEADS, head_dim=HEAD_DIM, scaling=1.0, num_kv_heads=HEADS, layer_id=i,
-                      sliding_window_size=window if (layout == "swa" and i == 1) else -1)
-            for i in range(LAYERS)
+                      sliding_window_size=window if (layout == "swa" and i == 1) or layout == "mtp" else -1)
+            for i in range(count)
         )
         self._write_loc = sg.memory_pool.KVWriteLoc
+        # The full-to-SWA mapping the attention backend translates with, when the pool has none registered (a draft
+        # pool: sglang's SWA allocator registers its mapping on the target's pool only).
+        self._swa_mapping = swa_mapping
         self.forward_calls = 0
 
     def forward(self, input_ids, positions, forward_batch):
@@ -60,9 +65,11 @@ class TinyModel(torch.nn.Module):
         else:
             k = base + torch.arange(HEADS * HEAD_DIM, dtype=torch.float32, device=loc.device).reshape(
                 1, HEADS, HEAD_DIM) * 0.01
-            if self.layout == "swa":
+            if self.layout in ("swa", "mtp"):
                 # The attention backend translates the write location once per forward.
-                loc = self._write_loc(loc=loc, swa_loc=self.pool.translate_loc_from_full_to_swa(loc))
+                mapping = self._swa_mapping
+                swa_loc = self.pool.translate_loc_from_full_to_swa(loc) if mapping is None else mapping[loc]
+                loc = self._write_loc(loc=loc, swa_loc=swa_loc)
             for layer in self.layers:
                 self.pool.set_kv_buffer(layer, loc, k + layer.layer_id, -k)
         next_ids = (input_ids * 7 + positions * 3 + 1) % VOCAB
@@ -74,12 +81,15 @@ class RealRunner:
     pools and allocator exist, the generated ``canary_ctx`` member, ``forward`` and ``sample``."""
 
     def __init__(self, sg, server_args, layout: str = "mha", *, device: str = "cpu", is_draft_worker: bool = False,
-                 size: int = 256, size_swa: int = 96, max_reqs: int = 8, max_context: int = 96, window: int = 8):
+                 size: int = 256, size_swa: int = 96, max_reqs: int = 8, max_context: int = 96, window: int = 8,
+                 target: Optional["RealRunner"] = None):
+        """``target``: a draft runner sharing that runner's req-pool rows and KV allocator, as sglang's EAGLE draft
+        runners do; layout "mtp": a multi-layer EAGLE draft's pool, an SWA pool whose full half has no layers."""
         mp = sg.memory_pool
         self.server_args = server_args
         self.device = device
         self.is_draft_worker = is_draft_worker
-        self.req_to_token_pool = mp.ReqToTokenPool(
+        self.req_to_token_pool = target.req_to_token_pool if target is not None else mp.ReqToTokenPool(
             size=max_reqs, max_context_len=max_context, device=device, enable_memory_saver=False
         )
         if layout == "mha":
@@ -92,14 +102,17 @@ class RealRunner:
                 size=size, page_size=1, dtype=DTYPE, kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=ROPE_DIM,
                 layer_num=LAYERS, device=device, enable_memory_saver=False,
             )
-        elif layout == "swa":
+        elif layout in ("swa", "mtp"):
             self.token_to_kv_pool = sg.swa_memory_pool.SWAKVPool(
                 size=size, size_swa=size_swa, page_size=1, dtype=DTYPE, head_num=HEADS, head_dim=HEAD_DIM,
-                swa_attention_layer_ids=[1], full_attention_layer_ids=[0], device=device, enable_memory_saver=False,
+                swa_attention_layer_ids=[1] if layout == "swa" else [0],
+                full_attention_layer_ids=[0] if layout == "swa" else [], device=device, enable_memory_saver=False,
             )
         else:
             raise ValueError(f"unknown layout {layout!r}")
-        if layout == "swa":
+        if target is not None:
+            self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
+        elif layout == "swa":
             self.token_to_kv_pool_allocator = sg.swa_allocator.SWATokenToKVPoolAllocator(
                 size=size, size_swa=size_swa, page_size=1, dtype=DTYPE, device=device,
                 kvcache=self.token_to_kv_pool, need_sort=False,
@@ -108,8 +121,10 @@ class RealRunner:
             self.token_to_kv_pool_allocator = sg.token_allocator.TokenToKVPoolAllocator(
                 size, DTYPE, device, self.token_to_kv_pool, False
             )
-        self.sliding_window_size = window if layout == "swa" else None
-        self.model = TinyModel(sg, self.token_to_kv_pool, layout, self.sliding_window_size).to(device)
+        self.sliding_window_size = window if layout in ("swa", "mtp") else None
+        allocator = self.token_to_kv_pool_allocator
+        mapping = None if target is None else getattr(allocator, "full_to_swa_index_mapping", None)
+        self.model = TinyModel(sg, self.token_to_kv_pool, layout, self.sliding_window_size, mapping).to(device)
         self.model_config = SimpleNamespace(vocab_size=VOCAB)  # sglang's ModelConfig field the token oracle reads
         self.canary_manager = install_canary(server_args=server_args, model_runner=self)
 

@@ -10,6 +10,7 @@ without them sglang's CUDA kernel packages ``sgl_kernel`` and ``flashinfer``, wh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 import torch
@@ -269,3 +270,90 @@ def test_draft_extend_after_verify_on_the_draft_runner(sg, server_args, dev):
             runner.canary_manager.with_active_single_forward_manager(0):
         runner.model.forward(after.input_ids, after.positions, after)
     assert runner.canary_manager.flush() == []
+
+
+def _multi_layer_eagle(sg, server_args, dev, *cli):
+    """A Step-3.5-shaped multi-layer EAGLE engine on real classes: an SWA target, and one draft runner per chain step
+    whose pool is an SWA pool of one sliding layer and a full half of none, sharing the target's req-pool rows and
+    SWA allocator, installed in chain order. Nothing ends the drafts' init (the worker has no such hook)."""
+    args = server_args("--kv-canary", "log", "--kv-canary-real-data", "partial", "--speculative-algorithm", "EAGLE",
+                       "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                       "--speculative-num-draft-tokens", "4", *cli)
+    target = RealRunner(sg, args, "swa", device=dev, window=16)
+    drafts = [RealRunner(sg, args, "mtp", device=dev, window=16, is_draft_worker=True, target=target) for _ in range(3)]
+    mark_init_finished(target.canary_manager)
+    return target, drafts, Scheduler(sg, target)
+
+
+def _rotated(ids, new, at=None):
+    out = list(ids[1:]) + [ids[-1]]
+    out[len(ids) - 1 if at is None else at] = new
+    return out
+
+
+def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_first=False):
+    """A target verify of [last, guesses], then each chain step's bare draft forward over the verified positions in
+    DRAFT_EXTEND_V2 mode (sglang's eager draft-extend: ``draft_runner_list[step].forward``)."""
+    fm = sg.forward_batch_info
+    width = len(guesses[0]) + 1
+    ids = [[t] + g for t, g in zip(last, guesses)]
+    if swap_first:
+        ids[0][0], ids[1][0] = ids[1][0], ids[0][0]
+    sched._evict(reqs)
+    cached = [len(r.slots) for r in reqs]
+    locs = []
+    for r, i in zip(reqs, ids):
+        slots = sched.alloc(width)
+        r.slots += slots
+        r.tokens += i
+        locs += slots
+    sched._map(reqs)
+    positions = sched.tensor([p for n in cached for p in range(n, n + width)])
+    verify = sched._batch(reqs, fm.ForwardMode.TARGET_VERIFY, [t for i in ids for t in i], locs, positions=positions)
+    verify.seq_lens, verify.seq_lens_cpu = sched.tensor(cached), torch.tensor(cached)
+    verify.spec_info = argparse.Namespace(draft_token_num=width)
+    sched.runner.forward(verify)
+    segments = [g[:a] + [b] + [200 + j for j in range(width - 1 - a)] for g, a, b in zip(guesses, accepted, bonus)]
+    for step, draft in enumerate(drafts):
+        if step:
+            segments = [_rotated(s, 300 + step, at=a) for s, a in zip(segments, accepted)]
+        extend = sched._batch(reqs, fm.ForwardMode.DRAFT_EXTEND_V2, [t for s in segments for t in s], locs,
+                              positions=positions, extend_seq_lens=sched.tensor([width] * len(reqs), torch.int32))
+        extend.seq_lens = sched.tensor([n + width for n in cached])
+        draft.forward(extend)
+    for r, n, a in zip(reqs, cached, accepted):
+        del r.tokens[n + 1 + a:]
+        sched.allocator.free(sched.tensor(r.slots[n + 1 + a:]))
+        r.slots = r.slots[: n + 1 + a]
+    return list(bonus)
+
+
+def test_multi_layer_eagle_drafts_on_real_pools_follow_their_target(sg, server_args, dev):
+    target, drafts, sched = _multi_layer_eagle(sg, server_args, dev)
+    managers = [d.canary_manager for d in drafts]
+    assert managers[0].state.target_rows is target.canary_manager.state.groups[0].rows
+    assert [m.state.target_rows for m in managers[1:]] == [None, None]
+    reqs = [sched.new_request([3, 1, 4, 1, 5]), sched.new_request([9, 2, 6, 5, 3, 5])]
+    prefill = sched.extend(reqs)
+    sampled = sched.step(prefill)
+    segments = [r.tokens[1:] + [s] for r, s in zip(reqs, sampled)]
+    for step, draft in enumerate(drafts):  # the chain's draft-extend of the prefill, bare forwards
+        if step:
+            segments = [_rotated(s, 300 + step) for s in segments]
+        draft.forward(dataclasses.replace(prefill, input_ids=sched.tensor([t for s in segments for t in s])))
+    last = sampled
+    for round_, accepted in enumerate([(1, 0), (3, 2), (0, 0)]):
+        last = _mtp_round(sg, sched, drafts, reqs, last, [[20 + round_] * 3, [50 + round_] * 3], accepted,
+                          [40 + round_, 70 + round_], swap_first=round_ == 2)
+    sched.step(sched.decode(reqs, last))  # a target step end reads the last draft-extend
+    found = managers[0].flush()
+    assert target.canary_manager.flush() == [] and [m.flush() for m in managers[1:]] == [[], []]
+    assert all(m.follows_target and m.stats().pre_runs == 4 for m in managers)
+    # Round 2's verify (at 5 + 2 + 4 and 6 + 1 + 3 cached positions) got the requests' first inputs (round 1's bonus
+    # tokens) swapped: the first chain step's comparison reports both, in its FULL group (rows kept, no layers) at the
+    # target's row, the target's token as stored, and in its SWA group at its own row of the position before.
+    assert {v.reasons for v in found} == {frozenset({"token"})}
+    assert {(v.group, v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
+        ("full", reqs[0].row, 11, 71, 41), ("full", reqs[1].row, 10, 41, 71),
+        ("swa", reqs[0].row, 10, 41, 71), ("swa", reqs[1].row, 9, 71, 41)}
+
