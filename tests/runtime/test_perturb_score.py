@@ -97,3 +97,21 @@ def test_each_tensor_parallel_rank_is_scored_on_its_own_lines():
     assert [v.slot for v in result.unattributed] == [2054]  # rank 1's report, which no rank 1 injection explains
     # One process (no rank in the prefix): the same lines are one run.
     assert score_log(log.replace(" TP0]", "]").replace(" TP1]", "]")).unattributed == []
+
+
+def test_an_swa_draft_s_comparisons_are_attributed_at_its_own_row():
+    """A draft on an SWA pool (a multi-layer EAGLE MTP layer) compares its SWA rows with the target's FULL/K row of
+    the next position too, and reports those at its own row: the position before the one corrupted."""
+    swap = inj("next_token_swap", slot=11, position=4, req=1, other_req=3, other_position=8, other_slot=12,
+               swa_slot=5, other_swa_slot=6)
+    flipped = inj("row_high_bit", step=5, slot=7, position=6, req=2, group="full", half="k", bit=40)
+    draft_swa = [vio(step=5, slot=30 + p, position=p, req=r, reasons=("token",), group="swa", half=h)
+                 for r, p in ((1, 3), (3, 7), (2, 5)) for h in "kv"]
+    not_it = [vio(step=5, slot=40, position=4, req=1, reasons=("token",), group="swa"),  # at the position itself
+              vio(step=5, slot=41, position=3, req=1, reasons=("token", "link"), group="swa"),  # not a comparison
+              vio(step=5, slot=42, position=5, req=2, reasons=("token",), group="swa", kernel="post_forward")]
+    result = score([swap, flipped], [*draft_swa, *not_it])
+    assert result.kinds["next_token_swap"].reported == 1 and result.kinds["row_high_bit"].reported == 1
+    assert result.unattributed == not_it[1:]  # the first is at a swapped (request, position): the swap's
+    v_flip = inj("row_high_bit", step=5, slot=7, position=6, req=2, group="full", half="v", bit=40)
+    assert score([v_flip], draft_swa[4:]).kinds["row_high_bit"].reported == 0  # the draft reads FULL/K only

@@ -7,11 +7,16 @@ An injection is reported by a violation of the same or a later step that names w
 | req_to_token | the request's position read through the remapped entry (any reason: ``position`` for the row of another position, ``swa_unmapped`` when that position's SWA slot is gone), or the next position, whose link derives from it (``link``) |
 | real_kv_used, real_kv_post_forward, real_kv_unused_cache, real_kv_layer | the flipped slot, in the same group and half, reason ``fingerprint`` |
 | fingerprint_zeroed | the slot, in the same group and half, reason ``unwritten`` |
-| row_high_bit | the slot, in the same group and half, reason ``row_bits``; or an EAGLE draft's comparison with that target row (FULL group, ``token``, pre-forward, at the slot), whose token word carries the flipped bit |
-| next_token_swap | reason ``token`` (or ``oracle``, with the token oracle on) at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix) |
+| row_high_bit | the slot, in the same group and half, reason ``row_bits``; or an EAGLE draft's comparison with that target row (FULL/K), whose token word carries the flipped bit: in the draft's FULL group at the slot, or in its SWA group at the request's position before (below) |
+| next_token_swap | reason ``token`` (or ``oracle``, with the token oracle on) at either swapped (request, position), or at either slot of the group (a later request that reuses the prefix), or an EAGLE draft's SWA-group comparison at either request's position before (below) |
 | req_row_swap | reason ``identity``, ``link``, ``position`` or ``swa_unmapped`` of either request (the longer one reads the shorter one's slots, outside whose window the SWA group holds nothing; the shorter one's row at ``length`` chains from the other's history) |
 | write_slot | reason ``write_slot`` at either swapped (request, position) |
 | premature_free | reason ``freed`` at the freed slot (FULL group), or ``link`` at the next position in the same forward |
+
+An EAGLE draft compares its row of position p with the target's FULL/K row of position p + 1 in each of its groups:
+its FULL group reports where the target's row is (the target's slot and position p + 1), its SWA group at its own
+row (pre-forward, ``token`` alone, group ``swa``, position p). No target pass compares tokens before its forward,
+so such a line is a draft's.
 
 Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
 applied injection is *unattributed*: on a healthy engine there must be none.
@@ -45,9 +50,12 @@ def matches(injection: Injection, violation: Violation) -> bool:
             violation.position == injection.position + 1 and "link" in reasons
         )
     if injection.kind in _AT_SLOT:
-        if (injection.kind == "row_high_bit" and reasons == {"token"} and violation.kernel == "pre_forward"
-                and violation.group == injection.group == "full" and violation.slot == injection.slot):
-            return True  # a draft reads the target's token word, high bit and all (docs/runtime.md, "EAGLE")
+        if injection.kind == "row_high_bit" and _draft_compared(violation) and injection.group == "full":
+            # A draft reads the target's token word, high bit and all (docs/runtime.md, "EAGLE").
+            if violation.group == "full" and violation.slot == injection.slot:
+                return True
+            if injection.half == "k" and _draft_swa_row_before(violation, {(injection.req, injection.position)}):
+                return True
         return (
             _AT_SLOT[injection.kind] in reasons
             and violation.slot == injection.slot
@@ -62,7 +70,8 @@ def matches(injection: Injection, violation: Violation) -> bool:
             slots = {injection.get("swa_slot"), injection.get("other_swa_slot")} - {None, 0}
         else:
             slots = {injection.slot, injection.get("other_slot")}
-        return (violation.req_pool_index, violation.position) in at or violation.slot in slots
+        return ((violation.req_pool_index, violation.position) in at or violation.slot in slots
+                or _draft_swa_row_before(violation, at))
     if injection.kind == "req_row_swap":
         return violation.req_pool_index in (injection.req, injection.get("other_req")) and bool(
             {"identity", "link", "position", "swa_unmapped"} & set(reasons))
@@ -77,6 +86,18 @@ def matches(injection: Injection, violation: Violation) -> bool:
         # The next position's link derives from the freed row (any request reading the slot as position p).
         return "link" in reasons and violation.position == injection.position + 1 and violation.step == injection.step
     return False
+
+
+def _draft_compared(violation: Violation) -> bool:
+    """A draft's comparison with the target's rows: ``token`` alone, found by a pre-forward pass."""
+    return violation.reasons == {"token"} and violation.kernel == "pre_forward"
+
+
+def _draft_swa_row_before(violation: Violation, at: set) -> bool:
+    """A draft's SWA-group comparison of its row of position p with the target's row of p + 1, for p + 1 in ``at``
+    ((request, position) pairs): reported at the draft's own row, p."""
+    return (_draft_compared(violation) and violation.group == "swa"
+            and (violation.req_pool_index, violation.position + 1) in at)
 
 
 @dataclass
