@@ -148,3 +148,24 @@ def test_frees_land_in_the_freed_buffer_in_order_until_the_next_forward():
     side.on_free([4, 5])
     side.on_free(torch.tensor([], dtype=torch.int64))
     assert sc.state.freed[:3].tolist() == [1, 2, 3] and side.offset == 3 and len(side.freed) == 1
+
+
+def test_write_slot_leaves_a_forward_prepared_before_its_site_alone():
+    """sglang's spec-v2 target verify: the plan stream loads the verify graph's static buffers (out_cache_loc among
+    them) before ModelRunner.forward, whose replay copies only input_ids and positions again. Exchanging the batch's
+    out_cache_loc entries at the site then changes nothing the forward (or the canary's check) reads: the kind must
+    not count such an injection, which nothing could report."""
+    sc = scenario("mha", seed=0)
+    fb = forward_batch(sc)
+    with_request_side(sc, fb)
+    fb.needs_forward_metadata_init = lambda: False  # sglang's ForwardBatch, marked ready by the plan stream
+    sc.plan.out_cache_loc = fb.out_cache_loc.clone()  # the graph's static copy, loaded before the site
+    pert = perturber("write_slot", sc.state, 0)
+    found = one_step(sc, fb, pert)
+    assert pert.drain() == [] and pert.counts["write_slot"] == 0
+    assert [v for v in found if "write_slot" in v.reasons] == []
+    # Prepared at the site (sglang: the eager path, and decode graphs loaded inside the forward): injected as before.
+    fb.needs_forward_metadata_init = lambda: True
+    sc.plan.out_cache_loc = fb.out_cache_loc
+    found = one_step(sc, fb, pert, step=2)
+    assert len(pert.drain()) == 1 and any("write_slot" in v.reasons for v in found)

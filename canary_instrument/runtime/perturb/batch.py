@@ -85,3 +85,18 @@ def batch_facts(forward_batch: Any) -> Optional[BatchFacts]:
     if prefix is None or new is None:
         return None
     return BatchFacts("extend", tuple(prefix[:size]), tuple(new[:size]))
+
+
+def planned_before_the_forward(forward_batch: Any) -> bool:
+    """Whether the batch says its forward was prepared before the forward site (sglang's
+    ``needs_forward_metadata_init()`` is False: a spec-v2 target verify whose CUDA graph's static buffers, write
+    locations included, the plan stream loaded ahead of ``ModelRunner.forward``). Such a forward reads the copies
+    made then: a kind that rewrites a batch tensor the engine does not copy again (``out_cache_loc``) changes
+    nothing it reads. A batch that says nothing is prepared at the site."""
+    needs_init = getattr(forward_batch, "needs_forward_metadata_init", None)
+    if not callable(needs_init):
+        return False
+    try:
+        return not needs_init()
+    except Exception:  # noqa: BLE001 - a batch that cannot tell is taken as prepared at the site
+        return False

@@ -13,7 +13,10 @@ slot than req_to_token names, and a slot freed while a request still reads it.
   prefixes are ``L`` (else the longer one's window reaches slots whose SWA rows the shorter one released).
 - ``write_slot`` (before the forward): two new tokens of the batch exchange their ``out_cache_loc``
   entries, so each one's KV lands in the other's slot; the post-forward pass reports ``write_slot`` at
-  both positions. ``out_cache_loc`` is restored after the forward; the KV cannot be.
+  both positions. ``out_cache_loc`` is restored after the forward; the KV cannot be. Not on a batch whose
+  forward was prepared before the site (``batch.planned_before_the_forward``: sglang's spec-v2 target verify
+  replays a graph whose write locations were copied then, and neither its attention nor the canary's check
+  reads the batch's again, so the exchange would change nothing).
 - ``premature_free`` (before the forward): one slot a request of the batch reads is marked freed as the
   KV allocator's wrapped ``free`` marks it (it is not returned to the allocator, so nothing is reused);
   that forward's pre-forward pass reports ``freed`` there (and ``link`` at the next position). The
@@ -27,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from canary_instrument.runtime.perturb.base import KindContext, Planned
-from canary_instrument.runtime.perturb.batch import batch_facts
+from canary_instrument.runtime.perturb.batch import batch_facts, planned_before_the_forward
 
 
 class ReqRowSwap:
@@ -125,6 +128,8 @@ class WriteSlot:
         loc = getattr(forward_batch, "out_cache_loc", None)
         if facts is None or facts.prefix is None or loc is None or facts.tokens < 2:
             return None
+        if planned_before_the_forward(forward_batch):
+            return None  # the forward writes where its copy of out_cache_loc, taken before this site, says
         i, j = ctx.rng.sample(range(facts.tokens), 2)
         row_i, pos_i = facts.token_owner(i)
         row_j, pos_j = facts.token_owner(j)

@@ -357,3 +357,14 @@ def test_multi_layer_eagle_drafts_on_real_pools_follow_their_target(sg, server_a
         ("full", reqs[0].row, 11, 71, 41), ("full", reqs[1].row, 10, 41, 71),
         ("swa", reqs[0].row, 10, 41, 71), ("swa", reqs[1].row, 9, 71, 41)}
 
+
+def test_a_batch_the_plan_stream_prepared_is_told_apart(sg, server_args, dev):
+    """The write_slot perturbation leaves alone a forward prepared before its site: sglang's own ForwardBatch says so
+    once ``mark_forward_metadata_ready()`` (eagle_prepare_for_verify, after loading the verify graph's buffers)."""
+    from canary_instrument.runtime.perturb.batch import planned_before_the_forward
+
+    _, sched = _serving(sg, server_args, "mha", dev=dev)
+    batch = sched.extend([sched.new_request([1, 2, 3])])
+    assert not planned_before_the_forward(batch)
+    batch.mark_forward_metadata_ready()
+    assert planned_before_the_forward(batch)
