@@ -234,6 +234,13 @@ class RadixCursor:
 def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int]]:
     """One slot the cache holds unlocked, uniformly at random: ``(slot, position)``, where ``slot`` is
     an int or a one-element tensor (device values are not read on the host); None when there is none."""
+    found = sample_idle_spot(cache, rng)
+    return None if found is None else found[:2]
+
+
+def sample_idle_spot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int, Any, int]]:
+    """``sample_idle_slot``'s draw (the same generator calls) with where the slot sits: ``(slot, position, node,
+    index)``, the slot being ``node``'s slot ``index``; node None (index -1) for a cache that walks itself."""
     walk = flat_walker(cache)
     if walk is not None:
         result = walk(unlocked_only=True, swa_resident_only=False)
@@ -241,7 +248,7 @@ def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int]
         if total == 0:
             return None
         i = rng.randrange(total)
-        return result.slot_indices[i : i + 1], int(result.positions[i])
+        return result.slot_indices[i : i + 1], int(result.positions[i]), None, -1
     shape = node_shape(cache)
     if shape is None:
         return None
@@ -255,11 +262,11 @@ def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int]
             # Reservoir sampling over slots, one node at a time: uniform without a second pass.
             seen += len(slots)
             if rng.randrange(seen) < len(slots):
-                chosen = (slots, depth, rng.randrange(len(slots)))
+                chosen = (slots, depth, rng.randrange(len(slots)), node)
         span = shape.span(node, slots) if node is not root else 0
         stack.extend((child, depth + span) for child in node.children.values())
     if chosen is None:
         return None
-    slots, depth, j = chosen
+    slots, depth, j, node = chosen
     slot = slots[j : j + 1]
-    return (slot if hasattr(slot, "shape") else int(slot[0])), depth + j
+    return (slot if hasattr(slot, "shape") else int(slot[0])), depth + j, node, j

@@ -37,6 +37,9 @@ class Planned:
     # (name, device fact, host table): a logged field looked up in a host table by a device fact, which
     # itself is not logged (next_token_swap's partner position, by the partner's batch row).
     derived: tuple = ()
+    # (node, index): the prefix-cache node whose slot ``index`` was corrupted, for the perturber to watch
+    # (``left_cache``); None for any other target.
+    watch: Optional[tuple] = None
 
 
 @dataclass

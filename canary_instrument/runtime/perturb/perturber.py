@@ -5,7 +5,8 @@ The manager calls, on the target model runner's manager only (token offset 0):
 - ``before_forward(view, forward_batch)`` inside the step's outside-graph context, before the model forward;
 - ``after_forward(view, forward_batch)`` in the same context, after it (stream order: after the
   post-forward pass);
-- ``at_step_end(view)`` after the step's outside-graph context, where the idle-cache sweep runs.
+- ``at_step_end(view)`` after the step's outside-graph context, where the idle-cache sweep runs; there it
+  also logs the watched cached slots (``real_kv_unused_cache``) seen leaving the cache unread (``left_cache``).
 
 ``view.step`` is the step number the forward's violations carry (at step end: the step just
 finished) and ``view.radix_cache`` the prefix cache, or None. Each kind draws from its own
@@ -23,6 +24,7 @@ from typing import Any, Optional
 from canary_instrument.runtime.perturb.base import KindContext, Planned
 from canary_instrument.runtime.perturb.facts import FactReadback
 from canary_instrument.runtime.perturb.injection import Injection
+from canary_instrument.runtime.perturb.left_cache import CacheWatch, LeftCache
 from canary_instrument.runtime.perturb.next_token_swap import NextTokenSwap
 from canary_instrument.runtime.perturb.canary_rows import FingerprintZeroed, RowHighBit
 from canary_instrument.runtime.perturb.real_kv import RealKvLayer, RealKvPostForward, RealKvUnusedCache, RealKvUsed
@@ -97,6 +99,8 @@ class Perturber:
         self._facts = FactReadback(state.req_to_token.device)
         self._undo: list = []
         self._drained: list[Injection] = []
+        self._watch = CacheWatch()
+        self._left: list[LeftCache] = []
         self.counts = {kind: 0 for kind in settings.kinds}  # injections made (logged or about to be)
         self.skipped_busy = 0  # opportunities dropped because too many injections awaited their device facts
         logger.warning(
@@ -118,7 +122,12 @@ class Perturber:
 
     def at_step_end(self, view: Any) -> None:
         self._restore()
-        self._run("step_end", view.step, cache=getattr(view, "radix_cache", None))
+        cache = getattr(view, "radix_cache", None)
+        for left in self._watch.check(cache, view.step):  # before this step's own injections
+            logger.warning("%s", left.format())
+            if len(self._left) < _MAX_KEPT:
+                self._left.append(left)
+        self._run("step_end", view.step, cache=cache)
 
     def restore(self) -> None:
         """Undo what the before-forward kinds corrupted (the manager calls it when a forward failed)."""
@@ -133,6 +142,11 @@ class Perturber:
         last ``drain`` (for tests and soak scoring; the log lines are the product)."""
         self._facts.poll(wait=True)
         out, self._drained = self._drained, []
+        return out
+
+    def drain_left(self) -> list[LeftCache]:
+        """The ``left_cache`` lines logged since the last ``drain_left`` (for tests and soak scoring)."""
+        out, self._left = self._left, []
         return out
 
     # ------------------------------------------------------------------ internals
@@ -152,7 +166,7 @@ class Perturber:
                     continue
                 planned = impl.inject(ctx, step, forward_batch=forward_batch, cache=cache)
                 if planned is not None:
-                    self._submit(planned)
+                    self._submit(planned, cache)
                     table_changed = table_changed or impl.name in _REWRITE_TABLE
         self._facts.poll()
 
@@ -160,8 +174,10 @@ class Perturber:
         while self._undo:
             self._undo.pop()()
 
-    def _submit(self, planned: Planned) -> None:
+    def _submit(self, planned: Planned, cache: Any = None) -> None:
         self.counts[planned.kind] += 1
+        if planned.watch is not None and cache is not None:
+            self._watch.add(cache, planned.kind, planned.step, planned.position, planned.group, *planned.watch)
         if planned.undo is not None:
             self._undo.append(planned.undo)
         self._facts.submit(planned.device, lambda facts: self._log(planned, facts))

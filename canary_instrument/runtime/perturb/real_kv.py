@@ -12,7 +12,8 @@
   window of positions (the engine releases the others unread). Whoever reads the slot next reports
   it: the request's next forward, the idle-cache sweep, or a request reusing the prefix.
 - ``real_kv_unused_cache``: a slot the prefix cache holds while no request locks it. Only the
-  idle-cache sweep, or a request reusing the prefix, can find it.
+  idle-cache sweep, or a request reusing the prefix, can find it; the perturber watches its node and logs
+  when the slot leaves the cache unread (``left_cache``).
 
 The last three are not restored: by the time it would be safe, the slot may belong to someone else;
 they flip a layer drawn uniformly from the group's layers.
@@ -39,7 +40,7 @@ from canary_instrument.runtime.perturb.base import (
 )
 from canary_instrument.runtime.passes.layers import cursor_table, layer_count, layer_words
 from canary_instrument.runtime.perturb.batch import batch_facts
-from canary_instrument.runtime.features.radix_walk import sample_idle_slot
+from canary_instrument.runtime.features.radix_walk import sample_idle_spot
 
 
 def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:
@@ -232,13 +233,16 @@ class RealKvUnusedCache:
         import torch
 
         group = pick_group(ctx)
-        found = sample_idle_slot(cache, ctx.rng) if cache is not None and group is not None else None
+        found = sample_idle_spot(cache, ctx.rng) if cache is not None and group is not None else None
         if found is None:
             return None
-        slot, position = found
+        slot, position, node, index = found
         device = ctx.state.req_to_token.device
         if hasattr(slot, "device") and slot.device == device:
             full_slot = slot.reshape(1).to(torch.int64)
         else:
             full_slot = host_to_device([int(slot.reshape(-1)[0]) if hasattr(slot, "shape") else int(slot)], device)
-        return _flip(ctx, self.name, step, group, full_slot, position, {}, restore=False)
+        planned = _flip(ctx, self.name, step, group, full_slot, position, {}, restore=False)
+        if node is not None:
+            planned.watch = (node, index)  # the perturber notes when the slot leaves the cache unread
+        return planned

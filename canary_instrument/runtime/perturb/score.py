@@ -18,8 +18,10 @@ its FULL group reports where the target's row is (the target's slot and position
 row (pre-forward, ``token`` alone, group ``swa``, position p). No target pass compares tokens before its forward,
 so such a line is a draft's.
 
-Injections with ``applied=0`` changed nothing and are counted apart. A violation that matches no
-applied injection is *unattributed*: on a healthy engine there must be none.
+Injections with ``applied=0`` changed nothing and are counted apart. So is a miss whose slot left the prefix cache
+before any request held it (a ``kv_canary_perturb_left_cache=`` line names it, ``left_cache``): *evicted unread*,
+nothing read the flipped bytes; the share reported is over the rest. A violation that matches no applied injection
+is *unattributed*: on a healthy engine there must be none.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from canary_instrument.runtime.perturb.injection import Injection
+from canary_instrument.runtime.perturb.left_cache import LeftCache
 from canary_instrument.runtime.perturb.perturb_settings import KINDS
 from canary_instrument.runtime.reports.violations import Violation
 
@@ -105,8 +108,14 @@ class KindScore:
     kind: str
     injected: int = 0
     reported: int = 0
-    missed: list = field(default_factory=list)  # the Injections nothing reported
+    missed: list = field(default_factory=list)  # the Injections nothing reported (evicted unread ones apart)
     delays: list = field(default_factory=list)  # steps from injection to its first report, per reported one
+    evicted: list = field(default_factory=list)  # unreported Injections whose slot left the cache unread
+
+    @property
+    def readable(self) -> int:
+        """Injections something could read: the share reported is over these."""
+        return self.injected - len(self.evicted)
 
     def delay(self, how: str) -> Optional[float]:
         if not self.delays:
@@ -129,13 +138,19 @@ class Score:
     def reported(self) -> int:
         return sum(k.reported for k in self.kinds.values())
 
+    @property
+    def evicted(self) -> int:
+        return sum(len(k.evicted) for k in self.kinds.values())
+
     def format(self) -> str:
-        lines = [f"{'kind':<22}{'injected':>9}{'reported':>9}{'missed':>7}   delay min/median/max (steps)"]
+        lines = [f"{'kind':<22}{'injected':>9}{'reported':>9}{'missed':>7}{'evicted unread':>15}   "
+                 "delay min/median/max (steps)"]
         for k in self.kinds.values():
             delay = "-" if not k.delays else f"{k.delay('min')}/{k.delay('median'):g}/{k.delay('max')}"
-            lines.append(f"{k.kind:<22}{k.injected:>9}{k.reported:>9}{len(k.missed):>7}   {delay}")
+            lines.append(f"{k.kind:<22}{k.injected:>9}{k.reported:>9}{len(k.missed):>7}{len(k.evicted):>15}   {delay}")
         lines.append(
-            f"{'all':<22}{self.injected:>9}{self.reported:>9}{self.injected - self.reported:>7}   "
+            f"{'all':<22}{self.injected:>9}{self.reported:>9}{self.injected - self.reported - self.evicted:>7}"
+            f"{self.evicted:>15}   "
             f"violations {self.violations}, unattributed {len(self.unattributed)}, not applied {self.not_applied}"
         )
         return "\n".join(lines)
@@ -144,19 +159,24 @@ class Score:
         return {
             "kinds": {
                 k.kind: {"injected": k.injected, "reported": k.reported, "missed": [m.format() for m in k.missed],
+                         "evicted_unread": [m.format() for m in k.evicted],
                          "delay_min": k.delay("min"), "delay_median": k.delay("median"), "delay_max": k.delay("max")}
                 for k in self.kinds.values()
             },
             "injected": self.injected,
             "reported": self.reported,
+            "evicted_unread": self.evicted,
             "not_applied": self.not_applied,
             "violations": self.violations,
             "unattributed": [v.format() for v in self.unattributed],
         }
 
 
-def score(injections: Iterable[Injection], violations: Iterable[Violation]) -> Score:
+def score(injections: Iterable[Injection], violations: Iterable[Violation],
+          left_cache: Iterable[LeftCache] = ()) -> Score:
+    """``left_cache``: the run's ``left_cache`` lines (of the same process); a miss one names is evicted unread."""
     violations = list(violations)
+    gone = {left.names for left in left_cache}
     result = Score(kinds={kind: KindScore(kind) for kind in KINDS}, violations=len(violations))
     explained = [False] * len(violations)
     for injection in injections:
@@ -171,7 +191,8 @@ def score(injections: Iterable[Injection], violations: Iterable[Violation]) -> S
                 explained[i] = True
                 first = violation.step if first is None else min(first, violation.step)
         if first is None:
-            kind.missed.append(injection)
+            unread = (injection.kind, injection.step, injection.position) in gone
+            (kind.evicted if unread else kind.missed).append(injection)
         else:
             kind.reported += 1
             kind.delays.append(first - injection.step)
@@ -184,7 +205,8 @@ _PROCESS = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?((?: [A-Z_]+\
 
 
 def score_log(text: str) -> Score:
-    """Score every ``kv_canary_perturb=`` and ``kv_canary violation:`` line of a log.
+    """Score every ``kv_canary_perturb=``, ``kv_canary_perturb_left_cache=`` and ``kv_canary violation:`` line of a
+    log.
 
     Each process's lines are scored on their own, then added up: tensor-parallel ranks share slot numbers but
     each injects into, and reports on, its own shard of the heads, so a report on one rank says nothing of
@@ -193,7 +215,7 @@ def score_log(text: str) -> Score:
     for line in text.splitlines():
         found = _PROCESS.match(line)
         by_process.setdefault(found.group(1) if found else "", []).append(line)
-    scores = [score(Injection.find_all(lines), Violation.find_all(lines))
+    scores = [score(Injection.find_all(lines), Violation.find_all(lines), LeftCache.find_all(lines))
               for lines in ("\n".join(group) for group in by_process.values())]
     return _added(scores)
 
@@ -206,6 +228,7 @@ def _added(scores: list[Score]) -> Score:
             into.injected += k.injected
             into.reported += k.reported
             into.missed += k.missed
+            into.evicted += k.evicted
             into.delays += k.delays
         total.not_applied += one.not_applied
         total.unattributed += one.unattributed
