@@ -117,14 +117,26 @@ def perturb_score(log: str) -> dict:
     return score
 
 
+# The perturbation table's columns after its lead ones (``score_rows``).
+SCORE_HEADER = ("injected | reported (% of readable) | missed | evicted unread | delay min/median/max (steps) |",
+                "---|---|---|---|---|")
+
+
 def score_rows(score: dict, lead: str) -> list[str]:
-    """The perturbation table's rows of one score: a row per kind, then **all**; ``lead`` opens each row."""
+    """The perturbation table's rows of one score: a row per kind, then **all**; ``lead`` opens each row. A miss
+    whose slot left the prefix cache before anything read it (its ``kv_canary_perturb_left_cache=`` line; archives
+    from before that line have none) is *evicted unread*, and the share reported is over the other injections."""
     out = []
     for kind, k in score["kinds"].items():
         delay = "-" if k["delay_min"] is None else f"{k['delay_min']}/{k['delay_median']:g}/{k['delay_max']}"
-        share = f" ({100 * k['reported'] / k['injected']:.0f} %)" if k["injected"] else ""
-        out.append(f"| {lead}{kind} | {k['injected']} | {k['reported']}{share} | {len(k['missed'])} | {delay} |")
-    out.append(f"| {lead}**all** | {score['injected']} | {score['reported']} | {score['injected'] - score['reported']} | "
+        evicted = len(k.get("evicted_unread", ()))
+        readable = k["injected"] - evicted
+        share = f" ({100 * k['reported'] / readable:.0f} %)" if readable else ""
+        out.append(f"| {lead}{kind} | {k['injected']} | {k['reported']}{share} | {len(k['missed'])} | {evicted} | "
+                   f"{delay} |")
+    evicted = score.get("evicted_unread", 0)
+    out.append(f"| {lead}**all** | {score['injected']} | {score['reported']} | "
+               f"{score['injected'] - score['reported'] - evicted} | {evicted} | "
                f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
                f"not applied {score['not_applied']} |")
     return out
@@ -255,8 +267,10 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
             "Delays are in target steps. The H200 `attrib` archive ran before the draft's reports carried their "
             "target's step numbers: there, EAGLE's `next_token_swap` delays count the draft's own forwards "
             "(several per target verify).", "",
-            "| run | machine | kind | injected | reported (%) | missed | delay min/median/max (steps) |",
-            "|---|---|---|---|---|---|---|"]
+            "A `real_kv_unused_cache` flip whose cache entry was evicted before any request held it is *evicted "
+            "unread* (runs since the runtime logs it: a `kv_canary_perturb_left_cache=` line; earlier runs count it "
+            "as missed); the share reported is over the other injections, the readable ones.", "",
+            f"| run | machine | kind | {SCORE_HEADER[0]}", f"|---|---|---|{SCORE_HEADER[1]}"]
     for r in correctness:
         if "score" in r:
             out += score_rows(r["score"], f"{r['run']} | {r['device']} | ")
@@ -365,7 +379,7 @@ def http_markdown(suites: dict) -> list[str]:
         out += ["", f"The HTTP server with every perturbation armed at {perturbed['json']['perturb']} (ours, sweep every "
                 f"16 steps, rates {', '.join(r['rate'] for r in perturbed['json']['rates'])}, sharing the GPU "
                 "with the `deploy` suite's other engines):", "",
-                "| kind | injected | reported (%) | missed | delay min/median/max (steps) |", "|---|---|---|---|---|"]
+                f"| kind | {SCORE_HEADER[0]}", f"|---|{SCORE_HEADER[1]}"]
         out += score_rows(perturb_score(perturbed["log"]), "")
     return out
 

@@ -139,6 +139,22 @@ def test_cost_refuses_lines_that_cover_other_steps():
         report.cost_table({"off": off, "ours": ours})
 
 
+def test_the_perturbation_table_counts_a_flip_evicted_unread_apart_from_the_misses():
+    flips = [f"kv_canary_perturb= step={s} kind=real_kv_unused_cache group=full half=k slot={s} position=3 req=-1 "
+             "applied=1 layer=0 byte=1 bit=2" for s in (10, 20, 30, 40)]
+    read = ("kv_canary violation: kernel=sweep group=full half=k reason=fingerprint slot=10 position=3 stored=1 "
+            "expected=2 req=-1 step=12")
+    left = "kv_canary_perturb_left_cache= step=25 kind=real_kv_unused_cache injected=20 position=3 how=evicted"
+    log = "\n".join(["kv_canary perturb: enabled real_kv_unused_cache=0.02 (seed 0, from step 1)", *flips, read, left])
+    kind_row, all_row = report.score_rows(report.perturb_score(log), "")
+    # 1 reported of the 3 readable (the 20's slot left the cache unread; the 30 and 40 are plain misses).
+    assert kind_row == "| real_kv_unused_cache | 4 | 1 (33 %) | 2 | 1 | 2/2/2 |"
+    assert all_row.startswith("| **all** | 4 | 1 | 2 | 1 | violations 1, unattributed 0")
+    # A log from before the line: every unread flip a miss, the share over all of them.
+    assert report.score_rows(report.perturb_score(log.replace(left, "")), "")[0] == (
+        "| real_kv_unused_cache | 4 | 1 (25 %) | 3 | 0 | 2/2/2 |")
+
+
 def lock_release(lock: Path) -> str:
     """The sglang release a lock pins."""
     return next(line.split()[1].split("-")[1] for line in lock.read_text().splitlines()
