@@ -158,10 +158,11 @@ for suite in "$@"; do
         ;;
     mtp)
         # Multi-layer EAGLE (Step-3.5's three MTP layers, one draft runner per step; the drafts attend with
-        # FlashInfer, serve.py says why), clean and perturbed, at once.
-        run mtp-clean "$OURS" correctness --layout mtp --decode-steps 1000 --mem-fraction 0.9 &
-        run mtp-perturb "$OURS" correctness --layout mtp --perturb 0.02 --kv-canary-sweep-interval 16 \
-            --decode-steps 1000 --mem-fraction 0.9 &
+        # FlashInfer, serve.py says why), clean and perturbed, at once; watched (MTP_LIMIT seconds, default 480: a
+        # run still going then has its stacks dumped into its log).
+        watched mtp-clean "$OURS" "${MTP_LIMIT:-480}" correctness --layout mtp --decode-steps 1000 --mem-fraction 0.9 &
+        watched mtp-perturb "$OURS" "${MTP_LIMIT:-480}" correctness --layout mtp --perturb 0.02 \
+            --kv-canary-sweep-interval 16 --decode-steps 1000 --mem-fraction 0.9 &
         wait
         ;;
     tp2)
