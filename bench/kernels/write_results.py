@@ -10,6 +10,7 @@ the folder (git keeps it). tests/bench/test_kernels_results.py checks the page a
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 # earlier one's (the scaling table per real-KV mode).
 RUNS = ("h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
 PLAN_WIDTH = "h100_plan_width.json"  # plan_width.py's run
+# A run kept as its printed output (its JSON did not come back): bare passes at small decode batches.
+SMALL_LOG = "h200_small_batch.log"
 SECTIONS = {"tuning": "tuning", "verify": "verify bandwidth", "write_16k": "16k write",
             "vs_reference": "torch reference", "sweep": "sweep", "small": "small batches"}
 COMMAND = "python bench/kernels/write_results.py > bench/kernels/RESULTS.md"
@@ -211,6 +214,29 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
                     f"`{name}`")
                    for mode in ("none", "partial", "all") if mode in by_mode
                    for name, rows in [by_mode[mode]] for s in rows]),
+            "",
+        ]
+    small_log = (HERE / "results" / SMALL_LOG)
+    if small_log.is_file():
+        rows, per_sm = [], None
+        for line in small_log.read_text().splitlines():
+            if line.startswith("# --config "):
+                per_sm = line.split(",")[-1]
+            elif line.startswith("scaling {"):
+                w = ast.literal_eval(line[len("scaling "):])
+                rows.append((f"{w['reqs']} x {w['ctx']}", per_sm, f"{w['pre_us']:.1f}", f"{w['post_us']:.1f}",
+                             f"{w['canary_us']:.1f}", w["violations"]))
+        lines += [
+            "## Small decode batches, bare passes (realkv=partial)",
+            "",
+            "Each pass alone and both together, per pass as the scaling table times them (32 layers per half, request-side"
+            " checks on, 4097-row req pool), over three grid sizes; no freed-slot mark and no status publish (a"
+            " server's passes add both: `bench_kernels.py --only small`, no committed GPU run yet). The work grows"
+            " 8-fold from 1 x 1024 to 1 x 8192 and 64-fold to 64 x 1024.",
+            "",
+            table(["requests x context", "programs/SM", "pre (us)", "post (us)", "pre + post (us)", "violations"], rows),
+            "",
+            f"Run: `results/{SMALL_LOG}` (the command's printed output, with its device and command at its head).",
             "",
         ]
     found = newest(runs, "small")

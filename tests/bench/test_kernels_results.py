@@ -19,7 +19,8 @@ def test_the_page_is_written_from_the_committed_runs():
 
 
 def test_every_file_in_results_is_a_run_the_page_reads():
-    read = {*write_results.RUNS, write_results.PLAN_WIDTH, Path(write_results.PLAN_WIDTH).with_suffix(".md").name}
+    read = {*write_results.RUNS, write_results.PLAN_WIDTH, Path(write_results.PLAN_WIDTH).with_suffix(".md").name,
+            write_results.SMALL_LOG}
     assert {p.name for p in (HERE / "results").iterdir()} == read
 
 
