@@ -111,7 +111,7 @@ class CanaryManager:
         self.radix_cache: Any = None
         self.jitter: Any = None  # timing jitter (jitter.py), set by install_canary when switched on
         self.published = PublishedWords(state.published)
-        self.steps = StepState(self.published)
+        self.steps = StepState()
         self.single_forward_managers = [
             SingleForwardManager(i, steps=self.steps, ops=ops, state=state, enabled=self.enabled,
                                  is_draft=self.is_draft)
@@ -147,15 +147,11 @@ class CanaryManager:
             from canary_instrument.runtime.perturb.perturber import make_perturber
 
             self.perturber = make_perturber(settings.perturb, state)
-        # No production feature switched on and one rank: most steps then only read the published words.
-        self._quiet = (self.perturber is None and self.sweeper is None and self._ranks is None
-                       and not settings.stats_interval and not self._swa_interval)
         # EAGLE drafts and their target (install_canary links them): the draft managers sharing this target's
         # req_to_token, in install order, and the draft's target manager.
         self.drafts: list = []
         self.target: Optional["CanaryManager"] = None
         self.follows_target = False  # a draft its target drives (follow_target)
-        self._followers: list = []  # the drafts following this target
         self._own: Optional[SingleForwardManager] = None  # the sub-forward of a self-planned forward in flight
         self._forwards_followed = 0  # steps.forwards as of the last follow step
         self._in_follow = False  # inside follow_step: what is read ran before the target's step just counted
@@ -202,7 +198,6 @@ class CanaryManager:
         steps.init_finished = True
         if self._sampled is not None:
             self._sampled.recording = True  # warm-up samples are not recorded
-        steps.fast = self._quiet and not self.follows_target
 
     def follow_target(self) -> None:
         """Let the target drive this EAGLE draft from now on: its worker never ended its init and need wire no
@@ -216,11 +211,7 @@ class CanaryManager:
         self.follows_target = True
         if not self.steps.init_finished:
             self.mark_init_finished()
-        self.steps.fast = False  # every step end reads with no planned bound (_poll_published)
         self._forwards_followed = self.steps.forwards
-        target._followers.append(self)
-        target._quiet = False  # the target's every step end drives its followers
-        target.steps.fast = False
 
     def follow_step(self) -> None:
         """The target has ended a step (``CanaryManager.end_step``): end one of this follower's, unless a site of its
@@ -448,7 +439,6 @@ class CanaryManager:
         self._poll_published()
         self.reporter.end_step(label)
         snapshots.take_if_due(step, swa_due, stats_due, progress)
-        self.steps.end_due = snapshots.next_step_end(step)
         ranks = self._ranks
         try:
             if ranks is None:
@@ -461,11 +451,6 @@ class CanaryManager:
         finally:
             if self.drafts:
                 self._drive_drafts()
-
-    def read_published(self) -> None:
-        """Read the passes published since the last read, and raise what they brought as a step end would."""
-        self._poll_published()
-        self._raise_pending()
 
     # ------------------------------------------------------------------ reading results
 

@@ -65,24 +65,6 @@ class PublishedWords:
         self.passes = 0
         self.seen = 0
 
-    def settled(self, before: int, planned: int) -> bool:
-        """A site's step end on a quiet manager, one word read in the usual case: True when nothing
-        is left to read now, False when a pass has published ahead of the others or with violations
-        (then ``poll``). ``before``: passes planned before this step's forwards; ``planned``: with them."""
-        words = self.words
-        nxt = self.passes + 1
-        if nxt <= before:
-            # The last earlier pass has published (so have all before it, in stream order) and the
-            # violation count it carries is the one already read.
-            word = words[_PACKED + before % PUBLISH_SLOTS]
-            if ((word >> 32) - before) & _LOW32 == 0 and (word - self.seen) & _LOW32 == 0:
-                self.passes = before
-                return True
-        if nxt <= planned:
-            word = words[_PACKED + nxt % PUBLISH_SLOTS]
-            return ((word >> 32) - nxt) & _LOW32 >= 1 << 31  # pass nxt (or a later one) has not published
-        return True
-
     def poll(self, planned: int, read: Callable[[int, int], None]) -> None:
         """Read the word of every pass up to ``planned`` published since the last read, in pass order;
         where the violation count moved, ``read(count, pass_number)`` (which calls ``mark_read``)."""

@@ -60,12 +60,6 @@ class Snapshots:
         if step % self.interval == 0 or swa_due or stats_due:
             self.readback.take(Tag(step, self.steps.planned, swa_due, progress))
 
-    def next_step_end(self, step: int) -> int:
-        """When an inline site exit must next run the whole step end: the next step if a snapshot is still
-        in flight (it is harvested there), else the next snapshot step."""
-        interval = self.interval
-        return step + 1 if self.readback.pending() else step - step % interval + interval
-
     def drain(self, final: bool, poll: Callable[[], None]) -> None:
         """Wait for every snapshot in flight and read it, then ``poll`` the published words; ``final``:
         one more snapshot of the state now, read at once."""

@@ -12,8 +12,7 @@ from typing import Any, ContextManager, Iterable, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.setup.contexts import NULL_CONTEXT, context_tuple
-from canary_instrument.runtime.step.plan import IDLE, forward_kind
-from canary_instrument.runtime.step.single_forward import PLANNED, SingleForwardManager, listed, sub_forward
+from canary_instrument.runtime.step.single_forward import SingleForwardManager, listed, sub_forward
 from canary_instrument.runtime.step.steps import StepState
 
 # Manager classes (ours registers itself) that keep reusable sites: ``manager.recent_sites`` maps ``active``
@@ -113,17 +112,11 @@ class SiteCache:
 
 class Site:
     """A wired site's context: ``with_ops_outside_graph`` then ``with_active_single_forward_manager``,
-    entered and left as the nested pair would be.
-
-    On a quiet manager (init finished, no production feature on, one rank) the usual step takes an
-    inline path: its entry and exit touch only this object and the manager's ``StepState``, and its
-    exit reads one published word (``PublishedWords.settled``). The sub-forwards' phases stay idle on
-    that path; an eager forward inside the site plans them when its pre-ops run, and the site is then
-    left by the general path, which checks them. The general path calls the manager's phase methods.
+    entered and left as the nested pair would be: the entry calls the manager's
+    ``pre_ops_outside_graph``, the exit its ``post_ops_outside_graph`` (which ends the step).
     """
 
-    __slots__ = ("_manager", "_steps", "_all", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy",
-                 "_inline", "_ready", "_mode", "_mode_idle")
+    __slots__ = ("_manager", "_steps", "_all", "listing", "index", "_sfms", "_active_sfm", "_planned", "batch", "busy")
 
     def __init__(self, manager: Any, steps: StepState, sfms: list, outside: Any, active: Optional[int]):
         self._manager = manager
@@ -136,10 +129,6 @@ class Site:
         self._planned = 0
         self.batch: Any = None
         self.busy = False
-        self._inline = False  # entered by the inline path, to be left by it
-        self._ready = False  # a listing whose managers (and active one, if any) are resolved: may go inline
-        self._mode: Any = None  # the last forward mode seen with a non-empty batch, and whether it is idle
-        self._mode_idle = False
 
     def __enter__(self) -> Any:
         steps = self._steps
@@ -149,25 +138,6 @@ class Site:
         oracle = steps.token_oracle
         if oracle is not None and oracle.pending and self.listing is not None:
             oracle.apply()
-        if self._ready and steps.fast and steps.open is None and steps.active is None:
-            batch = self.batch
-            try:  # plain attribute reads (getattr with a default is a call); a batch without them goes general
-                mode, size = batch.forward_mode, batch.batch_size
-            except AttributeError:
-                mode = None
-            if mode is not None:
-                if mode is self._mode and size:
-                    idle = self._mode_idle
-                else:
-                    idle = forward_kind(batch) == IDLE
-                    if size:
-                        self._mode, self._mode_idle = mode, idle
-                self._planned = 0 if idle else len(self._sfms)
-                steps.open = self
-                steps.active = active = self._active_sfm
-                self.busy = self._inline = True
-                return active
-        self._inline = False
         self.busy = True
         try:
             manager = self._manager
@@ -188,7 +158,6 @@ class Site:
                     steps.open = None
                     raise
             if self.index is None:
-                self._ready = self._sfms is not None
                 return None
             try:
                 sfm = self._active_sfm
@@ -204,7 +173,6 @@ class Site:
                     self._leave_outside(type(err))
                 raise
             steps.active = sfm
-            self._ready = self._sfms is not None
             return sfm
         except BaseException:
             self.busy = False
@@ -213,22 +181,6 @@ class Site:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         steps = self._steps
-        if self._inline and exc_type is None:
-            # The post-ops outside the graph of a clean forward on a quiet manager: count the step, then read
-            # what was published since (a snapshot step, or one after it, takes the whole step end).
-            batch = self.batch
-            self.busy = False
-            self.batch = None
-            steps.active = None
-            steps.open = None
-            steps.forwards += 1
-            planned = steps.planned + self._planned
-            step = steps.end(planned)
-            if step >= steps.end_due:
-                self._manager.end_step(batch)
-            elif not steps.published.settled(planned - self._planned, planned):
-                self._manager.read_published()
-            return False
         try:
             if self.index is not None:
                 steps.active = None
@@ -241,14 +193,6 @@ class Site:
             self.busy = False
             self.batch = None
         return False
-
-    def plan_for_eager_forward(self, sfm: SingleForwardManager) -> None:
-        """An eager forward's pre-ops inside this site: if it was entered inline, its sub-forwards are
-        planned now, as the general entry leaves them, and it is left by the general path."""
-        if self._inline and sfm in self._sfms:
-            for each in self._sfms:
-                each.phase = PLANNED
-            self._inline = False
 
     def _leave_outside(self, exc_type: Any) -> None:
         try:

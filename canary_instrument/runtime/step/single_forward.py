@@ -45,9 +45,6 @@ class SingleForwardManager:
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         steps = self._steps
         if steps.init_finished:
-            site = steps.open
-            if self.phase is IDLE and site is not None:
-                site.plan_for_eager_forward(self)
             self.expect((PLANNED,), "pre-ops inside the graph")
             self.phase = PRE_DONE
         self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft)

@@ -1,15 +1,10 @@
-"""The step state a manager shares with its sites: what a site's entry and exit read and advance.
-
-A wired site runs its phases inline (``sites.py``), once per step with the host's caches cold from
-the engine's own work, where every call and attribute read costs (bench/runtime/RESULTS.md); so
-the state it touches is one object of plain fields, owned by the manager and advanced by both.
+"""The step state a manager shares with its sites and sub-forwards: one object of plain fields, owned by
+the manager, that a site's entry and exit (``sites.py``) read and advance.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from canary_instrument.runtime.passes.status import PublishedWords
 
 STEPS_REMEMBERED = 256  # steps whose post-forward totals label violations read late
 
@@ -17,13 +12,12 @@ STEPS_REMEMBERED = 256  # steps whose post-forward totals label violations read 
 class StepState:
     """One manager's phase and step counts."""
 
-    __slots__ = ("open", "active", "fast", "init_finished", "forwards", "step", "planned", "totals", "end_due",
-                 "request_side", "token_oracle", "published", "target", "labels")
+    __slots__ = ("open", "active", "init_finished", "forwards", "step", "planned", "totals",
+                 "request_side", "token_oracle", "target", "labels")
 
-    def __init__(self, published: PublishedWords):
+    def __init__(self):
         self.open: Any = None  # the site whose with_ops_outside_graph() block is open
         self.active: Any = None  # the sub-forward manager whose bracketed forward runs now
-        self.fast = False  # init finished and quiet: sites take their inline path
         self.init_finished = False
         self.forwards = 0  # outside contexts completed, warm-up included (the enable warning counts them)
         self.step = 0
@@ -31,12 +25,10 @@ class StepState:
         # Post-forward passes planned by the end of step s, at s % STEPS_REMEMBERED, for the last steps:
         # label the violations a published word reveals (one list store per step, nothing made).
         self.totals: list = [0] * STEPS_REMEMBERED
-        self.end_due = 1  # the next step a quiet manager's inline site exit runs the whole step end at
         # Req-pool allocations and KV frees noted by the allocator wrappers (request_side.py), and the token
         # oracle's noted rows (token_oracle.py): applied at the next forward site's entry, on its stream.
         self.request_side: Any = None
         self.token_oracle: Any = None
-        self.published = published
         # An EAGLE draft's: its target's StepState, and per step (at s % STEPS_REMEMBERED) the target's step when
         # it ended, so the draft's reports carry the target's step numbers (label()).
         self.target: Any = None
