@@ -216,47 +216,37 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
                    for name, rows in [by_mode[mode]] for s in rows]),
             "",
         ]
-    small_log = (HERE / "results" / SMALL_LOG)
-    if small_log.is_file():
+    small = newest(runs, "small")
+    if small:  # a bench_kernels.py --only small run: as served and bare
+        name, r = small
+        rows = [(f"{w['reqs']} x {w['ctx']}", "as served" if w["served"] else "bare", w["programs_per_sm"],
+                 w["pre_us"], w["post_us"], w["both_us"], w["violations"]) for w in r["small"]]
+        run = source(name)
+    elif (HERE / "results" / SMALL_LOG).is_file():  # the printed output of a bare run
         rows, per_sm = [], None
-        for line in small_log.read_text().splitlines():
+        for line in (HERE / "results" / SMALL_LOG).read_text().splitlines():
             if line.startswith("# --config "):
                 per_sm = line.split(",")[-1]
             elif line.startswith("scaling {"):
                 w = ast.literal_eval(line[len("scaling "):])
-                rows.append((f"{w['reqs']} x {w['ctx']}", per_sm, f"{w['pre_us']:.1f}", f"{w['post_us']:.1f}",
-                             f"{w['canary_us']:.1f}", w["violations"]))
-        lines += [
-            "## Small decode batches, bare passes (realkv=partial)",
-            "",
-            "Each pass alone and both together, per pass as the scaling table times them (32 layers per half, request-side"
-            " checks on, 4097-row req pool), over three grid sizes; no freed-slot mark and no status publish (a"
-            " server's passes add both: `bench_kernels.py --only small`, no committed GPU run yet). The work grows"
-            " 8-fold from 1 x 1024 to 1 x 8192 and 64-fold to 64 x 1024.",
-            "",
-            table(["requests x context", "programs/SM", "pre (us)", "post (us)", "pre + post (us)", "violations"], rows),
-            "",
-            f"Run: `results/{SMALL_LOG}` (the command's printed output, with its device and command at its head).",
-            "",
-        ]
-    found = newest(runs, "small")
-    if found:
-        name, r = found
+                rows.append((f"{w['reqs']} x {w['ctx']}", "bare", per_sm, w["pre_us"], w["post_us"], w["canary_us"],
+                             w["violations"]))
+        run = f"Run: `results/{SMALL_LOG}` (the command's printed output, with its device and command at its head)."
+    if small or (HERE / "results" / SMALL_LOG).is_file():
         lines += [
             "## Small decode batches: where each pass's time goes (realkv=partial)",
             "",
-            "Each pass alone and both together, per pass as the scaling table times them, at several grid sizes."
-            " *As served*: what a server's passes also do, the freed-slot mark kernel before the pre pass and the"
-            " status publish into pinned host memory at the end of the post pass; *bare*: neither. The work grows"
-            " 64-fold from 1 x 1024 to 64 x 1024 and 8-fold from 1 x 1024 to 1 x 8192.",
+            "Each pass alone and both together, per pass as the scaling table times them (32 layers per half,"
+            " request-side checks on, 4097-row req pool), at several grid sizes. *As served*: with what a server's"
+            " passes also do, the freed-slot mark kernel before the pre pass and the status publish into pinned host"
+            " memory at the end of the post pass (`bench_kernels.py --only small`); *bare*: neither. The work grows"
+            " 8-fold from 1 x 1024 to 1 x 8192 and 64-fold to 64 x 1024.",
             "",
             table(["requests x context", "passes", "programs/SM", "pre (us)", "post (us)", "pre + post (us)",
                    "violations"],
-                  [(f"{w['reqs']} x {w['ctx']}", "as served" if w["served"] else "bare", w["programs_per_sm"],
-                    f"{w['pre_us']:.1f}", f"{w['post_us']:.1f}", f"{w['both_us']:.1f}", w["violations"])
-                   for w in r["small"]]),
+                  [(*row[:3], *(f"{us:.1f}" for us in row[3:6]), row[6]) for row in rows]),
             "",
-            source(name),
+            run,
             "",
         ]
     found = newest(runs, "sweep")

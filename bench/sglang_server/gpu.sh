@@ -86,6 +86,19 @@ buggy() {
     echo "$WORK/bugs/$1"
 }
 
+# three_ways BUG ARGS...: BUG served at once by ours (the applied copy), sglang's own canary and canary off (the
+# release), each watched (480 s), in the background; the caller waits.
+three_ways() {
+    local bug=$1; shift
+    local ours release
+    ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
+    release=$(buggy "$bug-release" "$bug" "$WORK/site")
+    [ -n "$ours" ] && [ -n "$release" ] || exit 2
+    watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "$@" &
+    watched "$bug.upstream" "$release:$WORK/site" 480 "$@" &
+    watched "$bug.off" "$release:$WORK/site" 480 "$@" --kv-canary none &
+}
+
 for suite in "$@"; do
     # http-off, http-ours and http-upstream are the http suite's ways one call each (a server of the 32-layer
     # model takes minutes to start, three of them pass one call's 10 minutes): they add to one archive.
@@ -241,12 +254,7 @@ for suite in "$@"; do
             || corpus=(radix_evict_locked_parent radix_insert_frees_new allocator_free_neighbour)
         common=(correctness --layout mha --decode-steps 1500 --mem-fraction 0.9)
         for bug in "${corpus[@]}"; do
-            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
-            release=$(buggy "$bug-release" "$bug" "$WORK/site")
-            [ -n "$ours" ] && [ -n "$release" ] || exit 2
-            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+            three_ways "$bug" "${common[@]}"
         done
         if [ "$suite" = corpus2 ]; then  # FlashInfer's attention (its JIT builds with the image's nvcc), clean
             watched fi-mha-clean "$OURS" 480 correctness --layout mha --attention-backend flashinfer \
@@ -261,13 +269,7 @@ for suite in "$@"; do
                      hicache_load_reversed:mha-hicache; do
             bug=${entry%%:*}; layout=${entry#*:}; extra=()
             [ "$layout" = mha-hicache ] && { layout=mha; extra=(--hicache); }
-            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
-            release=$(buggy "$bug-release" "$bug" "$WORK/site")
-            [ -n "$ours" ] && [ -n "$release" ] || exit 2
-            common=(correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 "${extra[@]}")
-            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+            three_ways "$bug" correctness --layout "$layout" --decode-steps 1000 --mem-fraction 0.9 "${extra[@]}"
         done
         wait
         ;;
@@ -277,12 +279,7 @@ for suite in "$@"; do
         # radix_evict_locked_parent never ran its edit), three ways at once.
         common=(correctness --layout mha --decode-steps 1500 --pool-tokens 4096 --mem-fraction 0.9)
         for bug in radix_evict_locked_parent radix_insert_frees_new; do
-            ours=$(buggy "$bug-ours" "$bug" "$WORK/ours")
-            release=$(buggy "$bug-release" "$bug" "$WORK/site")
-            [ -n "$ours" ] && [ -n "$release" ] || exit 2
-            watched "$bug.ours" "$ours:$REPO:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.upstream" "$release:$WORK/site" 480 "${common[@]}" &
-            watched "$bug.off" "$release:$WORK/site" 480 "${common[@]}" --kv-canary none &
+            three_ways "$bug" "${common[@]}"
         done
         wait
         ;;
