@@ -205,12 +205,12 @@ def test_sample_idle_slot_picks_only_unlocked_slots_at_their_position():
     rng = random.Random(0)
     seen = set()
     for _ in range(2000):
-        slot, position = sample_idle_slot(tree, rng)
+        slot, position, _, _ = sample_idle_slot(tree, rng)
         slot = int(slot.reshape(-1)[0]) if hasattr(slot, "shape") else slot
         assert truth[slot][0] == position
         seen.add(slot)
     assert seen == set(truth)
-    slot, position = sample_idle_slot(FlatWalkCache(tree), rng)
+    slot, position, _, _ = sample_idle_slot(FlatWalkCache(tree), rng)
     assert truth[int(slot[0])][0] == position
     empty = CompressedRadixCache()
     assert sample_idle_slot(empty, rng) is None

@@ -231,16 +231,10 @@ class RadixCursor:
         return last if hasattr(last, "shape") else int(last[0])
 
 
-def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int]]:
-    """One slot the cache holds unlocked, uniformly at random: ``(slot, position)``, where ``slot`` is
-    an int or a one-element tensor (device values are not read on the host); None when there is none."""
-    found = sample_idle_spot(cache, rng)
-    return None if found is None else found[:2]
-
-
-def sample_idle_spot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int, Any, int]]:
-    """``sample_idle_slot``'s draw (the same generator calls) with where the slot sits: ``(slot, position, node,
-    index)``, the slot being ``node``'s slot ``index``; node None (index -1) for a cache that walks itself."""
+def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int, Any, int]]:
+    """One slot the cache holds unlocked, uniformly at random, and where it sits: ``(slot, position, node,
+    index)``, where ``slot`` is an int or a one-element tensor (device values are not read on the host) and is
+    ``node``'s slot ``index`` (node None, index -1, for a cache that walks itself); None when there is none."""
     walk = flat_walker(cache)
     if walk is not None:
         result = walk(unlocked_only=True, swa_resident_only=False)

@@ -40,7 +40,7 @@ from canary_instrument.runtime.perturb.base import (
 )
 from canary_instrument.runtime.passes.layers import cursor_table, layer_count, layer_words
 from canary_instrument.runtime.perturb.batch import batch_facts
-from canary_instrument.runtime.features.radix_walk import sample_idle_spot
+from canary_instrument.runtime.features.radix_walk import sample_idle_slot
 
 
 def _resolve(state: Any, group: Any, full_slot: Any) -> tuple[Any, Any]:
@@ -233,7 +233,7 @@ class RealKvUnusedCache:
         import torch
 
         group = pick_group(ctx)
-        found = sample_idle_spot(cache, ctx.rng) if cache is not None and group is not None else None
+        found = sample_idle_slot(cache, ctx.rng) if cache is not None and group is not None else None
         if found is None:
             return None
         slot, position, node, index = found

@@ -11,7 +11,7 @@ from array import array
 import pytest
 import torch
 
-from canary_instrument.runtime.features.radix_walk import sample_idle_spot
+from canary_instrument.runtime.features.radix_walk import sample_idle_slot
 from canary_instrument.runtime.perturb.left_cache import CacheWatch
 
 KIND = "real_kv_unused_cache"
@@ -48,7 +48,7 @@ def test_the_watch_on_sglang_s_radix_cache(radix):
         return cache.insert(base.InsertParams(key=rc.RadixKey(array("q", tokens)), value=value)).last_device_node
 
     insert([1, 2, 3, 4, 5, 6, 7, 8], list(range(101, 109)))
-    slot, position, node, index = sample_idle_spot(cache, random.Random(0))
+    slot, position, node, index = sample_idle_slot(cache, random.Random(0))
     assert isinstance(node, rc.TreeNode) and int(node.value[index]) == int(slot.reshape(-1)[0]) == 101 + position
     low, high = CacheWatch(), CacheWatch()
     low.add(cache, KIND, 1, 6, "full", node, 6)  # slot 107
