@@ -147,10 +147,9 @@ class CanaryManager:
             from canary_instrument.runtime.perturb.perturber import make_perturber
 
             self.perturber = make_perturber(settings.perturb, state)
-        # EAGLE drafts and their target (install_canary links them): the draft managers sharing this target's
-        # req_to_token, in install order, and the draft's target manager.
+        # An EAGLE target's draft managers, sharing its req_to_token, in install order (install_canary links them;
+        # a draft's own link is steps.target, its target's StepState).
         self.drafts: list = []
-        self.target: Optional["CanaryManager"] = None
         self.follows_target = False  # a draft its target drives (follow_target)
         self._own: Optional[SingleForwardManager] = None  # the sub-forward of a self-planned forward in flight
         self._forwards_followed = 0  # steps.forwards as of the last follow step
@@ -205,8 +204,7 @@ class CanaryManager:
         graphs). Called once the target has served a step, so every graph is captured and the engine is
         serving: init ends here; a bracketed forward outside any site plans itself as sub-forward 0; each of
         the target's step ends counts a step of this draft and reads what its passes published."""
-        target = self.target
-        if target is None or self.follows_target:
+        if self.steps.target is None or self.follows_target:
             return
         self.follows_target = True
         if not self.steps.init_finished:
@@ -295,7 +293,7 @@ class CanaryManager:
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         sfm = self.steps.active
         if sfm is None:
-            if self.target is not None and self.steps.open is None and forward_batch is not None and (
+            if self.steps.target is not None and self.steps.open is None and forward_batch is not None and (
                     self.follows_target or not self.steps.init_finished):
                 return self._own_pre_ops(input_ids, forward_batch)
             return self._without_active("pre-ops")

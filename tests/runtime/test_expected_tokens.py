@@ -418,7 +418,7 @@ def test_multi_layer_eagle_draft_runners_follow_their_target_and_stay_clean(dev,
     host never sees: its target's step ends read what they published) or its bare forwards (planned by themselves)."""
     e = MultiLayerEagle(dev, graphs=graphs)
     target = e.target.canary_manager
-    assert [m.target for m in e.managers] == [target] * STEPS and target.drafts == e.managers
+    assert [m.steps.target for m in e.managers] == [target.steps] * STEPS and target.drafts == e.managers
     e.serve(rounds=6)
     assert all(m.init_finished and m.follows_target for m in e.managers)
     assert target.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
