@@ -184,29 +184,39 @@ class Eagle:
             r.slots = r.slots[: -(STEPS - 1)]
 
 
-def _eagle_round(e, reqs, last, drafts, accepted, bonus, swap_first=False):
-    """One EAGLE decode step after the draft chain: verify [last, drafts] on the target, keep
-    ``accepted`` drafts plus ``bonus``, draft-extend the verified positions; returns the new last tokens."""
+def _verify_round(e, reqs, last, drafts, accepted, bonus, width, draft_extend, swap_first=False):
+    """One EAGLE decode step after the draft chain: verify [last, drafts] on ``e.target``, keep ``accepted`` drafts
+    plus ``bonus``; ``draft_extend(extend, predicts)`` runs the draft-extend of the verified positions (``extend``:
+    the batch, ``width`` tokens a request; ``predicts``: per request, the target's predictions, the accepted drafts,
+    the bonus, then whatever follows a rejection); returns the new last tokens."""
     sched = e.sched
     ids = [[t] + d for t, d in zip(last, drafts)]
     if swap_first:
         ids[0][0], ids[1][0] = ids[1][0], ids[0][0]
     verify, cached = _target_verify(sched, reqs, ids)
     e.target.forward(verify)
-    # Target predictions: the accepted drafts, the bonus, then whatever follows a rejection.
     predicts = [d[:a] + [b] + [200 + j for j in range(len(d) - a)] for d, a, b in zip(drafts, accepted, bonus)]
     extend = dataclasses.replace(
-        verify, forward_mode=ForwardMode.DRAFT_EXTEND, seq_lens=verify.seq_lens + STEPS,
-        input_ids=torch.tensor([t for p in predicts for t in p], device=e.dev),
-        extend_prefix_lens=None, extend_seq_lens=torch.full((len(reqs),), STEPS, device=e.dev),
-        num_tokens_per_req=STEPS, spec_info=None,
+        verify, forward_mode=ForwardMode.DRAFT_EXTEND, seq_lens=verify.seq_lens + width,
+        extend_prefix_lens=None, extend_seq_lens=torch.full((len(reqs),), width, device=e.dev),
+        num_tokens_per_req=width, spec_info=None,
     )
-    e._draft_extend(extend)
+    draft_extend(extend, predicts)
     for r, n, a in zip(reqs, cached, accepted):
         del r.tokens[n + 1 + a :]  # verify appended [last, drafts]; keep last + the accepted ones
         sched.free_slots += r.slots[n + 1 + a :]
         r.slots = r.slots[: n + 1 + a]
     return list(bonus)  # not in the cache yet: the next verify's first inputs
+
+
+def _eagle_round(e, reqs, last, drafts, accepted, bonus, swap_first=False):
+    """One single-layer EAGLE decode step (``_verify_round``): the draft-extend reads the target's predictions."""
+
+    def draft_extend(extend, predicts):
+        e._draft_extend(dataclasses.replace(extend, input_ids=torch.tensor([t for p in predicts for t in p],
+                                                                           device=e.dev)))
+
+    return _verify_round(e, reqs, last, drafts, accepted, bonus, STEPS, draft_extend, swap_first)
 
 
 def test_eagle_rounds_with_partial_acceptance_stay_clean(dev):
@@ -368,36 +378,23 @@ class MultiLayerEagle:
         return reqs
 
     def round(self, reqs, last, drafts, accepted, bonus, swap_first=False):
-        """One decode step: the target verifies [last, drafts], keeps ``accepted`` drafts plus ``bonus``, then each
-        chain step's draft-extend runs over the verified positions (step 0 reads the target's predictions; each later
-        step's ids are rotated once more, the chain's guess at the request's last accepted row); returns the new
-        last tokens (the next verify's first inputs)."""
-        sched = self.sched
-        ids = [[t] + d for t, d in zip(last, drafts)]
-        if swap_first:
-            ids[0][0], ids[1][0] = ids[1][0], ids[0][0]
-        verify, cached = _target_verify(sched, reqs, ids)
-        self.target.forward(verify)
-        segments = [d[:a] + [b] + [200 + j for j in range(len(d) - a)] for d, a, b in zip(drafts, accepted, bonus)]
-        extend = dataclasses.replace(
-            verify, forward_mode=ForwardMode.DRAFT_EXTEND, seq_lens=verify.seq_lens + WIDTH,
-            extend_prefix_lens=None, extend_seq_lens=torch.full((len(reqs),), WIDTH, device=self.dev),
-            num_tokens_per_req=WIDTH, spec_info=None,
-        )
-        for step, draft in enumerate(self.drafts):
-            if step:
-                segments = [_rotated(s, 400 + 10 * step + i, at=a) for i, (s, a) in enumerate(zip(segments, accepted))]
-            ids = torch.tensor([t for s in segments for t in s], device=self.dev)
-            batch = dataclasses.replace(extend, input_ids=ids)
-            if self.graphs is not None:
-                self.graphs[step].replay(batch)
-            else:
-                draft.forward(batch)
-        for r, n, a in zip(reqs, cached, accepted):
-            del r.tokens[n + 1 + a:]
-            sched.free_slots += r.slots[n + 1 + a:]
-            r.slots = r.slots[: n + 1 + a]
-        return list(bonus)
+        """One decode step (``_verify_round``): each chain step's draft-extend runs over the verified positions (step 0
+        reads the target's predictions; each later step's ids are rotated once more, the chain's guess at the
+        request's last accepted row)."""
+
+        def draft_extend(extend, segments):
+            for step, draft in enumerate(self.drafts):
+                if step:
+                    segments = [_rotated(s, 400 + 10 * step + i, at=a)
+                                for i, (s, a) in enumerate(zip(segments, accepted))]
+                ids = torch.tensor([t for s in segments for t in s], device=self.dev)
+                batch = dataclasses.replace(extend, input_ids=ids)
+                if self.graphs is not None:
+                    self.graphs[step].replay(batch)
+                else:
+                    draft.forward(batch)
+
+        return _verify_round(self, reqs, last, drafts, accepted, bonus, WIDTH, draft_extend, swap_first)
 
     def serve(self, rounds=4, swap_at=None):
         reqs = self.prefill([[1, 2, 3, 4], [5, 6, 7, 8, 9]], [10, 11])
