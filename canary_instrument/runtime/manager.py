@@ -35,6 +35,7 @@ from typing import Any, Iterable, NamedTuple, Optional
 from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.checks.health import HealthCheck
 from canary_instrument.runtime.passes.ops import CanaryOps
+from canary_instrument.runtime.step.beside import Beside
 from canary_instrument.runtime.step.plan import IDLE as IDLE_BATCH
 from canary_instrument.runtime.step.plan import forward_kind
 from canary_instrument.runtime.reports.readback import DelayedReadback
@@ -112,9 +113,10 @@ class CanaryManager:
         self.jitter: Any = None  # timing jitter (jitter.py), set by install_canary when switched on
         self.published = PublishedWords(state.published)
         self.steps = StepState()
+        beside = Beside(self.device)  # sub-forwards run one after another: one second stream serves them all
         self.single_forward_managers = [
             SingleForwardManager(i, steps=self.steps, ops=ops, state=state, enabled=self.enabled,
-                                 is_draft=self.is_draft)
+                                 is_draft=self.is_draft, beside=beside)
             for i in range(num_single_forward)
         ]
         self._sites = SiteCache(self, self.steps, self.single_forward_managers)

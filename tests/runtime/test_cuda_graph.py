@@ -143,3 +143,48 @@ def test_replayed_decode_checks_the_sampled_tokens():
     assert {(v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
         (reqs[0].row, 6, 33, 23), (reqs[1].row, 7, 23, 33)}
     assert {v.reasons for v in found} == {frozenset({"token"})}
+
+
+class _SlowPrePass:
+    """The canary's ops with a pre pass that first spins the GPU; each forward's (kind, pre pass stream, post
+    pass stream) noted."""
+
+    def __init__(self, ops):
+        self._ops, self.forwards, self._pre = ops, [], None
+        self.name = ops.name
+
+    def pre_forward(self, state, plan, input_ids):
+        self._pre = (plan.extend_const, torch.cuda.current_stream())
+        torch.cuda._sleep(2_000_000)  # ~1 ms: longer than the mini model's forward
+        self._ops.pre_forward(state, plan, input_ids)
+
+    def post_forward(self, state, plan):
+        self.forwards.append((*self._pre, torch.cuda.current_stream()))
+        self._ops.post_forward(state, plan)
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+def test_a_decode_s_pre_pass_runs_beside_its_forward_and_lands_before_the_post_pass():
+    runner = MiniRunner(server_args(), device="cuda", max_reqs=8)
+    manager = runner.canary_manager
+    manager.ops = slow = _SlowPrePass(manager.ops)
+    graphs = GraphRunner(runner)  # captures the slow pre pass
+    mark_init_finished(manager)
+    sched = Scheduler(runner)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
+    runner.forward(sched.extend(reqs))
+    for i in range(3):
+        _replay_decode(runner, graphs, sched.decode(reqs, [40 + i, 50 + i]))
+    # The post pass checked the rows the delayed pre pass wrote: clean, and every new token counted.
+    assert manager.flush() == []
+    assert manager.stats().tokens_protected == 5 + 3 * 2
+    rows = manager.state.groups[0].rows
+    assert rows[reqs[0].slots[-1], :2].tolist() == [42, len(reqs[0].slots) - 1]
+    # An extend's pre pass is enqueued on its forward's stream (the post pass's); a decode's, eager in warm-up
+    # or captured, on another one.
+    extends = [pre == post for const, pre, post in slow.forwards if const == 0]
+    decodes = [pre != post for const, pre, post in slow.forwards if const > 0]
+    assert extends and all(extends)
+    assert decodes and all(decodes)

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.passes.ops import CanaryOps
+from canary_instrument.runtime.step.beside import Beside
 from canary_instrument.runtime.step.plan import plan_from_batch
 from canary_instrument.runtime.passes.state import CanaryState, PlanInputs
 from canary_instrument.runtime.step.steps import StepState
@@ -23,8 +24,9 @@ class SingleForwardManager:
     """One sub-forward: its phase and its latest plan."""
 
     def __init__(self, index: int, *, steps: StepState, ops: CanaryOps, state: CanaryState, enabled: Any,
-                 is_draft: bool):
+                 is_draft: bool, beside: Beside):
         self.index = index
+        self._beside = beside
         self._steps = steps
         self.ops = ops
         self._state = state
@@ -49,7 +51,8 @@ class SingleForwardManager:
             self.phase = PRE_DONE
         self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft)
         if plan is not None:
-            self.ops.pre_forward(self._state, plan, input_ids)
+            with self._beside.fork(plan):
+                self.ops.pre_forward(self._state, plan, input_ids)
             if steps.token_oracle is not None:
                 steps.token_oracle.check(plan, input_ids, forward_batch)
 
@@ -58,6 +61,7 @@ class SingleForwardManager:
             self.expect((PRE_DONE,), "post-ops inside the graph")
             self.phase = POST_DONE
         plan, self.plan = self.plan, None
+        self._beside.join()
         if plan is not None:
             self.ops.post_forward(self._state, plan)
 
