@@ -293,7 +293,8 @@ def test_raise_mode_under_a_flood_raises_a_bounded_error_naming_the_first_violat
 def test_two_live_positions_sharing_one_swa_slot_are_caught(dev):
     """An SWA allocation that maps a decode's two new full slots to one SWA slot (bugs.py swa_mapping_shifted):
     both requests write their sliding-window row there, and the forward's own post-forward check reports the
-    request whose row was overwritten, at its new position, in the SWA group."""
+    request whose row was overwritten, at its new position, in the SWA group (on a GPU the two writes race
+    per half, so the K and V rows may each hold a different request's)."""
     runner = MiniRunner(server_args(), layout="swa", device=dev, window=4)
     sched = Scheduler(runner)
     mark_init_finished(runner.canary_manager)
@@ -307,6 +308,7 @@ def test_two_live_positions_sharing_one_swa_slot_are_caught(dev):
     runner.forward(batch)
     found = runner.canary_manager.flush()
     assert found and {(v.group, v.kernel) for v in found} == {("swa", "post_forward")}
-    # Whichever write landed last holds the row: the other request reads a row of the wrong position.
-    assert {(v.req_pool_index, v.position, v.stored) for v in found} in ({(reqs[0].row, 6, 3)}, {(reqs[1].row, 3, 6)})
+    # Whichever write landed last holds a half's row: the other request reads it at the wrong position.
+    assert {(v.req_pool_index, v.position, v.stored) for v in found} <= {(reqs[0].row, 6, 3), (reqs[1].row, 3, 6)}
+    assert len({v.half for v in found}) == len(found)  # one report per overwritten half
     assert {v.step for v in found} == {runner.canary_manager.step}

@@ -328,7 +328,9 @@ def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_fir
     return list(bonus)
 
 
-def test_multi_layer_eagle_drafts_on_real_pools_follow_their_target(sg, server_args, dev):
+def test_multi_layer_eagle_drafts_on_real_pools_stay_disabled_beside_a_checked_target(sg, server_args, dev, canary_log):
+    """sglang's multi-layer EAGLE worker wires no site for its draft runners and ends none's init: their canaries stay
+    disabled and are announced; the target, on the same real pools, is checked and clean."""
     target, drafts, sched = _multi_layer_eagle(sg, server_args, dev)
     managers = [d.canary_manager for d in drafts]
     assert managers[0].state.target_rows is target.canary_manager.state.groups[0].rows
@@ -344,18 +346,12 @@ def test_multi_layer_eagle_drafts_on_real_pools_follow_their_target(sg, server_a
     last = sampled
     for round_, accepted in enumerate([(1, 0), (3, 2), (0, 0)]):
         last = _mtp_round(sg, sched, drafts, reqs, last, [[20 + round_] * 3, [50 + round_] * 3], accepted,
-                          [40 + round_, 70 + round_], swap_first=round_ == 2)
+                          [40 + round_, 70 + round_])
     sched.step(sched.decode(reqs, last))  # a target step end reads the last draft-extend
-    found = managers[0].flush()
-    assert target.canary_manager.flush() == [] and [m.flush() for m in managers[1:]] == [[], []]
-    assert all(m.follows_target and m.stats().pre_runs == 4 for m in managers)
-    # Round 2's verify (at 5 + 2 + 4 and 6 + 1 + 3 cached positions) got the requests' first inputs (round 1's bonus
-    # tokens) swapped: the first chain step's comparison reports both, in its FULL group (rows kept, no layers) at the
-    # target's row, the target's token as stored, and in its SWA group at its own row of the position before.
-    assert {v.reasons for v in found} == {frozenset({"token"})}
-    assert {(v.group, v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
-        ("full", reqs[0].row, 11, 71, 41), ("full", reqs[1].row, 10, 41, 71),
-        ("swa", reqs[0].row, 10, 41, 71), ("swa", reqs[1].row, 9, 71, 41)}
+    assert target.canary_manager.flush() == [] and [m.flush() for m in managers] == [[], [], []]
+    assert not any(m.init_finished for m in managers) and all(m.stats().pre_runs == 0 for m in managers)
+    assert target.canary_manager.stats().written > 0
+    assert canary_log.text.count("on this target ended no init") == 3
 
 
 def test_a_batch_the_plan_stream_prepared_is_told_apart(sg, server_args, dev):
