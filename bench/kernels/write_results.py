@@ -10,7 +10,6 @@ the folder (git keeps it). tests/bench/test_kernels_results.py checks the page a
 
 from __future__ import annotations
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -18,10 +17,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # bench_kernels.py's results.json of each committed run, oldest first: a later run's table replaces an
 # earlier one's (the scaling table per real-KV mode).
-RUNS = ("h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
+RUNS = ("h200_small_batch.json", "h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
 PLAN_WIDTH = "h100_plan_width.json"  # plan_width.py's run
-# A run kept as its printed output (its JSON did not come back): bare passes at small decode batches.
-SMALL_LOG = "h200_small_batch.log"
 SECTIONS = {"tuning": "tuning", "verify": "verify bandwidth", "write_16k": "16k write",
             "vs_reference": "torch reference", "sweep": "sweep", "small": "small batches"}
 COMMAND = "python bench/kernels/write_results.py > bench/kernels/RESULTS.md"
@@ -222,17 +219,7 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
         rows = [(f"{w['reqs']} x {w['ctx']}", "as served" if w["served"] else "bare", w["programs_per_sm"],
                  w["pre_us"], w["post_us"], w["both_us"], w["violations"]) for w in r["small"]]
         run = source(name)
-    elif (HERE / "results" / SMALL_LOG).is_file():  # the printed output of a bare run
-        rows, per_sm = [], None
-        for line in (HERE / "results" / SMALL_LOG).read_text().splitlines():
-            if line.startswith("# --config "):
-                per_sm = line.split(",")[-1]
-            elif line.startswith("scaling {"):
-                w = ast.literal_eval(line[len("scaling "):])
-                rows.append((f"{w['reqs']} x {w['ctx']}", "bare", per_sm, w["pre_us"], w["post_us"], w["canary_us"],
-                             w["violations"]))
-        run = f"Run: `results/{SMALL_LOG}` (the command's printed output, with its device and command at its head)."
-    if small or (HERE / "results" / SMALL_LOG).is_file():
+    if small:
         lines += [
             "## Small decode batches: where each pass's time goes (realkv=partial)",
             "",
