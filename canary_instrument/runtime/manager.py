@@ -4,7 +4,8 @@ One forward step runs four phases, enforced in order once init has finished:
 
 1. pre-ops outside the graph (a site's entry): phase bookkeeping only; nothing sent to the device.
 2. pre-ops maybe inside the graph (bracketed ``model.forward``, before the model): the plan is
-   taken from the forward batch's own device tensors (``plan.py``), then verify + write.
+   taken from the forward batch's own device tensors (``plan.py``), then verify + write (a decode's
+   beside the forward, on a second stream: ``beside.py``).
 3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check).
 4. post-ops outside (a site's exit): count the step, run what is due at step end (a perturbation
    of the idle cache, an idle-cache sweep slice, the SWA divergence counts), then read results with
