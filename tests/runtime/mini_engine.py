@@ -10,7 +10,6 @@ never handed out: CUDA-graph padding rows point at it.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import enum
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -438,11 +437,11 @@ class ReplayedGraph:
     """A draft-extend graph on any device, the way a CUDA graph behaves for the canary: captured once over static
     buffers (the canary passes launched into it by the bracketed forward, which plan from those buffers), then
     replayed with no host call into the manager: the kept launches and the model run again over the refilled
-    buffers. ``site``: the capture runs inside the capture site ``apply`` wires (the active sub-forward only),
-    else with no canary context at all (a capture no catalogued site covers). One graph per batch size, padded
+    buffers. The capture runs inside the capture site ``apply`` wires (the active sub-forward only). One graph per
+    batch size, padded
     with req-pool row 0 and slot 0 like sglang's graph runners."""
 
-    def __init__(self, runner, width: int, sizes=(1, 2), site: bool = True):
+    def __init__(self, runner, width: int, sizes=(1, 2)):
         self.runner, self.width, self.sizes = runner, width, sorted(sizes)
         dev, n = runner.device, max(sizes)
 
@@ -459,7 +458,7 @@ class ReplayedGraph:
             inner = manager.ops
             manager.ops = recorder = _LaunchRecorder(inner)
             try:
-                with canary_context(manager, active=0) if site else contextlib.nullcontext():
+                with canary_context(manager, active=0):
                     runner.model.forward(static.input_ids, static.positions, static)
             finally:
                 manager.ops = inner

@@ -339,10 +339,10 @@ class MultiLayerEagle:
     runner per chain step, each with its own KV pool, all sharing the target's req_to_token and slots, installed in
     chain order. The worker wires no canary site and ends no draft runner's init: a draft forward is the runner's
     own ``forward`` (whose site is off on a draft worker) or a replay of the step's draft-extend graph, captured
-    through the capture site ``apply`` wires in its graph runner (``capture_site=False``: a capture no site covers,
-    like the single-graph variant's). Chain step s reads the input ids rotated s + 1 times."""
+    through the capture site ``apply`` wires in its graph runner. Chain step s reads the input ids rotated s + 1
+    times."""
 
-    def __init__(self, dev, graphs=True, capture_site=True, **args):
+    def __init__(self, dev, graphs=True, **args):
         args = server_args(speculative_num_steps=STEPS, **args)
         self.dev = dev
         self.target = MiniRunner(args, device=dev, size=512, max_context=64)
@@ -350,7 +350,7 @@ class MultiLayerEagle:
                                   req_to_token_pool=self.target.req_to_token_pool) for _ in range(STEPS)]
         self.sched = Scheduler(self.target)
         mark_init_finished(self.target.canary_manager)  # the target's hook; the drafts get none
-        self.graphs = [ReplayedGraph(d, WIDTH, site=capture_site) for d in self.drafts] if graphs else None
+        self.graphs = [ReplayedGraph(d, WIDTH) for d in self.drafts] if graphs else None
 
     @property
     def managers(self):
