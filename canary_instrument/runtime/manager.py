@@ -151,6 +151,7 @@ class CanaryManager:
         # a draft's own link is steps.target, its target's StepState).
         self.drafts: list = []
         self._drafts_announced = False
+        self._due = 0  # the next step whose end has more to do than read the published words (_next_due)
 
     def _make_sweeper(self, settings: CanarySettings, ops: CanaryOps) -> Any:
         if not settings.sweep_interval or self.is_draft:
@@ -356,8 +357,12 @@ class CanaryManager:
         self.end_step(forward_batch)
 
     def end_step(self, forward_batch: Any) -> None:
-        """Once per step, after its forwards were launched: device work that is due, then the readback."""
+        """Once per step, after its forwards were launched: device work that is due, then the readback. A step
+        before ``_due`` with no perturbation armed only reads the published words; where they brought
+        violations, it goes on as a due step would."""
         step = self.steps.step
+        if step < self._due and self.perturber is None and not self._poll_published():
+            return
         # The reporter counts in the steps reports carry: an EAGLE draft's are its target's (several draft
         # forwards a target step), so its summary interval is one of target steps.
         label = self.steps.label(step)
@@ -381,6 +386,7 @@ class CanaryManager:
         self.reporter.end_step(label)
         snapshots.take_if_due(step, swa_due, stats_due, progress)
         ranks = self._ranks
+        self._due = self._next_due(step)
         if self.drafts and not self._drafts_announced and step >= 2:
             self._announce_unchecked_drafts()
         if ranks is None:
@@ -391,10 +397,26 @@ class CanaryManager:
             self._raise_pending()
             verdict.raise_if_bad(self.settings.mode == "raise")
 
+    def _next_due(self, step: int) -> int:
+        """The next step whose end does more than read the published words: the next one while a snapshot is
+        in flight, the reporter holds a summary interval open, a sweep runs or a draft is still to be
+        announced; else the next snapshot, stats, SWA or cross-rank step."""
+        if (self._readback.pending() or self.reporter.interval_open or self.sweeper is not None
+                or (self.drafts and not self._drafts_announced)):
+            return step + 1
+        interval = self._snapshots.interval
+        due = step - step % interval + interval
+        ranks = self._ranks.interval if self._ranks is not None else 0
+        for interval in (self._stats.interval, self._swa_interval, ranks):
+            if interval:
+                due = min(due, step - step % interval + interval)
+        return due
+
     # ------------------------------------------------------------------ reading results
 
-    def _poll_published(self) -> None:
-        self.published.poll(self.steps.planned, self._read_published_count)
+    def _poll_published(self) -> bool:
+        """Read the passes published since the last read; True when that brought violations."""
+        return self.published.poll(self.steps.planned, self._read_published_count)
 
     def _read_published_count(self, count: int, post_runs: int) -> None:
         self.reporter.read(count, self.steps.label(self.steps.step_of_pass(post_runs)), None)

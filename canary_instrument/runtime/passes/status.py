@@ -65,11 +65,13 @@ class PublishedWords:
         self.passes = 0
         self.seen = 0
 
-    def poll(self, planned: int, read: Callable[[int, int], None]) -> None:
+    def poll(self, planned: int, read: Callable[[int, int], None]) -> bool:
         """Read the word of every pass up to ``planned`` published since the last read, in pass order;
-        where the violation count moved, ``read(count, pass_number)`` (which calls ``mark_read``)."""
+        where the violation count moved, ``read(count, pass_number)`` (which calls ``mark_read``). True
+        when it called ``read``."""
         words = self.words
         passes = self.passes
+        moved = False
         while passes < planned:
             nxt = passes + 1
             word = words[_PACKED + nxt % PUBLISH_SLOTS]
@@ -84,7 +86,9 @@ class PublishedWords:
             ahead = ((word & _LOW32) - self.seen) & _LOW32
             if ahead and ahead < 1 << 31:  # a snapshot may have read further already
                 read(self.seen + ahead, nxt)
+                moved = True
         self.passes = passes
+        return moved
 
     def mark_read(self, count: int) -> int:
         """Records up to ``count`` are read now; returns the first that was not read before."""

@@ -172,6 +172,11 @@ class Reporter:
         return (f"kv_canary violations dropped: {dropped} records at step {step} exceeded the ring "
                 f"(KV_CANARY_RING_SIZE={self._ring_size}); counted in the totals, never decoded")
 
+    @property
+    def interval_open(self) -> bool:
+        """Whether a summary interval has begun (a violation was withheld) and not been summarised yet."""
+        return self._window_start is not None
+
     def end_step(self, step: int) -> None:
         """A summary of what the interval withheld, once ``summary_interval`` steps have passed since it began."""
         start = self._window_start
