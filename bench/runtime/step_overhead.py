@@ -258,8 +258,35 @@ def _time_sample_wrap(runner) -> None:
     runner.sample = timed_wrapper
 
 
+# --replay-emulation: on the CPU, the sites around forwards whose canary Python does what a graph replay does.
+REPLAY_EMULATION = False
+
+
+def _emulate_replays(manager) -> None:
+    """After init, the bracketed forward's canary Python does what a CUDA-graph replay does on the host: nothing.
+    The two pass counters a replayed graph's passes would advance are advanced (the health check compares them
+    with the planned passes), so the sites' entries and exits take the path they take on a GPU with graphs."""
+    pre, post = manager.pre_ops_maybe_inside_graph, manager.post_ops_maybe_inside_graph
+    counters = manager.state.counters
+
+    def replayed_pre(*args, **kwargs):
+        if not manager.steps.init_finished:
+            return pre(*args, **kwargs)
+        counters[0] += 1
+        counters[1] += 1
+        return None
+
+    def replayed_post(*args, **kwargs):
+        return None if manager.steps.init_finished else post(*args, **kwargs)
+
+    manager.pre_ops_maybe_inside_graph = replayed_pre
+    manager.post_ops_maybe_inside_graph = replayed_post
+
+
 def _time_manager(manager) -> None:
     """Time the bracket's pre/post ops of one manager (on the instance)."""
+    if REPLAY_EMULATION:
+        _emulate_replays(manager)
 
     def timed(fn, attr):
         def run(*args, **kwargs):
@@ -567,10 +594,18 @@ def main(argv=None):
                         help="kv_canary_token_check=0: no sampler wrap (and no sampled-token check)")
     parser.add_argument("--no-absorb", action="store_true",
                         help="on CUDA, do not absorb the graph-submission wait before each timed site exit")
+    parser.add_argument("--replay-emulation", action="store_true",
+                        help="on the CPU: after init, each bracketed forward's canary Python does what a CUDA-graph "
+                             "replay does on the host (nothing), so the sites take their GPU path")
     parser.add_argument("--interleave", type=int, default=0, metavar="N",
                         help="build the canary-off and -on engines first and time them in alternating blocks of N "
                              "steps (default 0: the off engine's steps, then the on engine's)")
     args = parser.parse_args(argv)
+    if args.replay_emulation:
+        if args.device != "cpu":
+            parser.error("--replay-emulation is for the CPU (on CUDA the forwards replay real graphs)")
+        global REPLAY_EMULATION
+        REPLAY_EMULATION = True
     if args.readback_interval is not None:
         os.environ["KV_CANARY_READBACK_INTERVAL"] = str(args.readback_interval)
     if args.no_token_check:
