@@ -266,7 +266,10 @@ def test_the_sglang_line_format_is_what_sglang_s_own_test_helpers_parse(dev, can
     from tests.realtree.conftest import DEFAULT_RELEASE, sglang_wheel_file
 
     helpers: dict = {}
-    source = sglang_wheel_file(DEFAULT_RELEASE, "sglang/test/kv_canary/violation_log_utils.py")
+    try:
+        source = sglang_wheel_file(DEFAULT_RELEASE, "sglang/test/kv_canary/violation_log_utils.py")
+    except RuntimeError as err:  # no cached wheel and no package index (the lent GPU machines)
+        pytest.skip(f"sglang {DEFAULT_RELEASE}'s wheel is not cached and cannot be downloaded: {err}".splitlines()[0])
     exec(compile(source.read_text(), str(source), "exec"), helpers)
     runner, every = _flood(dev, steps=1, kv_canary_log_format="sglang", kv_canary_log_lines_per_step=100)
     text = canary_log.text
