@@ -185,7 +185,7 @@ def main(argv=None) -> int:
         s = perturbed["score"]
         layout_ok = not s["unattributed"] and not perturbed["misses"]["undetected"] and clean["violations"] == 0
         ok &= layout_ok
-        print(f"{layout}: {s['reported']}/{s['injected']} injected reported, {len(s['unattributed'])} unattributed, "
+        print(f"{layout}: {s['reported']}/{s['injected']} injected reported, {s['unattributed']} unattributed, "
               f"misses {({k: len(v) for k, v in perturbed['misses'].items()})}; clean: {clean['violations']} "
               f"violations in {clean['steps']} steps", flush=True)
         print(perturbed["score_table"], flush=True)
@@ -244,7 +244,7 @@ def render_markdown(report: dict) -> str:
             f"| all | {s['injected']} | {s['reported']} | {s['injected'] - s['reported']} | |",
             "",
             f"Perturbed: {p['steps']} steps ({p['serve_seconds']} s), {s['violations']} violation records, "
-            f"{len(s['unattributed'])} unattributed, {s['not_applied']} injections not applied; misses: {misses}.  ",
+            f"{s['unattributed']} unattributed, {s['not_applied']} injections not applied; misses: {misses}.  ",
             f"Clean: {c['steps']} steps ({c['serve_seconds']} s), **{c['violations']} violations**.  ",
             f"Last stats line (perturbed): `{p['stats']}`  ",
             f"Last stats line (clean): `{c['stats']}`",

@@ -137,7 +137,7 @@ def score_rows(score: dict, lead: str) -> list[str]:
     evicted = score.get("evicted_unread", 0)
     out.append(f"| {lead}**all** | {score['injected']} | {score['reported']} | "
                f"{score['injected'] - score['reported'] - evicted} | {evicted} | "
-               f"violations {score['violations']}, unattributed {len(score['unattributed'])}, "
+               f"violations {score['violations']}, unattributed {score['unattributed']}, "
                f"not applied {score['not_applied']} |")
     return out
 

@@ -40,6 +40,8 @@ _REAL_KV = ("real_kv_used", "real_kv_post_forward", "real_kv_unused_cache", "rea
 # Kinds reported at the corrupted slot, in its group and half, by one reason.
 _AT_SLOT = {**{kind: "fingerprint" for kind in _REAL_KV}, "fingerprint_zeroed": "unwritten", "row_high_bit": "row_bits"}
 
+UNATTRIBUTED_KEPT = 20  # unattributed violations listed in to_dict(); all are counted
+
 
 def matches(injection: Injection, violation: Violation) -> bool:
     """Whether ``violation`` reports ``injection`` (see the module table)."""
@@ -168,7 +170,9 @@ class Score:
             "evicted_unread": self.evicted,
             "not_applied": self.not_applied,
             "violations": self.violations,
-            "unattributed": [v.format() for v in self.unattributed],
+            # A count and the first lines: a run whose real or false reports flood can leave tens of thousands.
+            "unattributed": len(self.unattributed),
+            "unattributed_first": [v.format() for v in self.unattributed[:UNATTRIBUTED_KEPT]],
         }
 
 
