@@ -128,7 +128,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     manager.request_side = side
     if target is not None:
         manager.steps.target = target.steps  # a draft's reports carry its target's step numbers
-        target.drafts.append(manager)  # a draft whose worker never ends its init follows its target (manager.py)
+        target.drafts.append(manager)  # the target names a draft that never ends its init (manager.py)
     register_kv_pool(pool, manager)  # a HiCache host pool attached later finds these rows by its device pool
     if settings.jitter_max_us:
         from canary_instrument.runtime.features.jitter import install_jitter
