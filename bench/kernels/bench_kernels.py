@@ -441,6 +441,96 @@ def small_batches(results):
     results["small"] = out
 
 
+BESIDE = [(1, 1024), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
+BESIDE_PROGRAMS_PER_SM = (16, 4, 2, 1)
+HIDDEN, QKV, FFN = 4096, 6144, 14336  # Llama-3-8B: one layer's projections
+
+
+class StandInForward:
+    """A Llama-3-8B decode forward's memory traffic at a batch and context (32 layers of bf16 projections and a
+    grouped-query attention read of each request's context), for timing the canary passes beside a forward
+    without a model: at small batches a decode streams its weights, which is what a pass beside it competes
+    with. Distinct weights per layer; the KV of LAYER_BUFFERS layers, reused round-robin (L2 holds neither)."""
+
+    def __init__(self, reqs: int, ctx: int):
+        def weight(rows, cols):
+            return torch.empty((rows, cols), dtype=torch.bfloat16, device=DEV).normal_(std=0.02)
+
+        self.layers = [(weight(HIDDEN, QKV), weight(HIDDEN, HIDDEN), weight(HIDDEN, 2 * FFN), weight(FFN, HIDDEN))
+                       for _ in range(LAYERS)]
+        self.kv = [torch.empty((2, reqs, 8, ctx, 128), dtype=torch.bfloat16, device=DEV).normal_()
+                   for _ in range(LAYER_BUFFERS)]
+        self.x = torch.randn((reqs, HIDDEN), dtype=torch.bfloat16, device=DEV)
+        self.reqs = reqs
+
+    def __call__(self):
+        x = self.x
+        for i, (w_qkv, w_o, w_up, w_down) in enumerate(self.layers):
+            q = (x @ w_qkv)[:, :HIDDEN].view(self.reqs, 32, 1, 128)
+            k, v = self.kv[i % len(self.kv)]
+            attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            x = x + attn.reshape(self.reqs, HIDDEN) @ w_o
+            gate, up = (x @ w_up).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(gate) * up) @ w_down
+        return x
+
+
+def beside_forward(results, repeats=3):
+    """What the canary adds to a decode step, against a stand-in forward in one CUDA graph: the passes in line
+    (mark and pre pass before the forward, post pass after), and the mark and pre pass on a second stream beside
+    the forward (the runtime's ``Beside``) at several grids, the post pass after the join. Served passes
+    (freed-slot mark, status publish), realkv=partial, request-side checks as --request-side says. Every
+    variant's replay is timed ``repeats`` times, interleaved with the others; the median per variant."""
+    from canary_instrument.runtime.checks.request_side import make_freed_buffer
+    from canary_instrument.runtime.passes.status import allocate_status
+    from canary_instrument.runtime.step.beside import Beside
+
+    out = []
+    for reqs, ctx in BESIDE:
+        state, plan, ids = build("mha", "partial", reqs, ctx, pool_rows=4097)
+        allocate_status(state, 1024, torch.device(DEV))
+        state.freed = make_freed_buffer(state.req_to_token.shape[0], DEV)
+        plan.extend_const = 1  # a decode's plan, as the runtime builds it
+        forward = StandInForward(reqs, ctx)
+        post = make_ops((128, 4, 16))
+        beside = Beside(DEV)
+
+        def in_line():
+            post.pre_forward(state, plan, ids)
+            forward()
+            post.post_forward(state, plan)
+
+        def beside_at(per_sm):
+            pre = make_ops((128, 4, per_sm))
+
+            def step():
+                with beside.fork(plan):
+                    pre.pre_forward(state, plan, ids)
+                forward()
+                beside.join()
+                post.post_forward(state, plan)
+            return step
+
+        variants = {"forward": forward, "in line": in_line}
+        variants.update({f"beside, {n}/SM": beside_at(n) for n in BESIDE_PROGRAMS_PER_SM})
+        graphs = {name: graph_of(fn) for name, fn in variants.items()}
+        times = {name: [] for name in graphs}
+        for _ in range(repeats):
+            for name, graph in graphs.items():
+                times[name].append(do_bench(graph.replay, warmup=20, rep=200, return_mode="median"))
+        base = sorted(times["forward"])[repeats // 2]
+        for name in graphs:
+            ms = sorted(times[name])[repeats // 2]
+            row = dict(reqs=reqs, ctx=ctx, variant=name, ms=ms, added_us=(ms - base) * 1e3,
+                       added_pct=100 * (ms - base) / base, spread_us=(max(times[name]) - min(times[name])) * 1e3,
+                       violations=int(state.ring_count.reshape(-1)[0]))
+            log("beside", row)
+            out.append(row)
+        del state, plan, forward, graphs
+        torch.cuda.empty_cache()
+    results["beside"] = out
+
+
 class _Node:
     """A radix-tree node shaped like sglang's: children by first token, slots in a device tensor."""
 
@@ -536,7 +626,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep", "small"])
+    parser.add_argument("--only", nargs="*", default=["verify", "write", "reference", "scaling", "sweep", "small", "beside"])
     parser.add_argument("--scaling-realkv", nargs="+", default=["none", "partial", "all"],
                         choices=["none", "partial", "all"], help="real-KV modes of the scaling table")
     # sglang sizes req_to_token by max_running_requests + 1 padding row, 2048-4096 requests by default;
@@ -602,6 +692,9 @@ def main():
         save()
     if "small" in args.only:
         small_batches(results)
+        save()
+    if "beside" in args.only:
+        beside_forward(results)
         save()
     if "scaling" in results:
         plot(results, args.out / "scaling.png")

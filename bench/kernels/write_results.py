@@ -17,10 +17,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # bench_kernels.py's results.json of each committed run, oldest first: a later run's table replaces an
 # earlier one's (the scaling table per real-KV mode).
-RUNS = ("h200_small_batch.json", "h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
+RUNS = ("h200_beside.json", "h200_small_batch.json", "h200.json", "h100.json", "h100_verify_scaling.json", "h100_scaling_partial_32_layers.json")
 PLAN_WIDTH = "h100_plan_width.json"  # plan_width.py's run
 SECTIONS = {"tuning": "tuning", "verify": "verify bandwidth", "write_16k": "16k write",
-            "vs_reference": "torch reference", "sweep": "sweep", "small": "small batches"}
+            "vs_reference": "torch reference", "sweep": "sweep", "small": "small batches",
+            "beside": "passes beside a forward"}
 COMMAND = "python bench/kernels/write_results.py > bench/kernels/RESULTS.md"
 
 
@@ -234,6 +235,30 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
                   [(*row[:3], *(f"{us:.1f}" for us in row[3:6]), row[6]) for row in rows]),
             "",
             run,
+            "",
+        ]
+    found = newest(runs, "beside")
+    if found:
+        name, r = found
+        lines += [
+            "## The passes beside a decode forward (`bench_kernels.py --only beside`)",
+            "",
+            "What the canary adds to one CUDA-graph replay of a stand-in Llama-3-8B decode forward (32 layers of"
+            " bf16 projections and a grouped-query attention read of each request's context; no model), realkv="
+            "partial, served passes (freed-slot mark, status publish), request-side checks on: *in line*, the mark"
+            " and pre pass before the forward and the post pass after it; *beside*, the mark and pre pass on a"
+            " second stream beside the forward (the runtime's `Beside`) at the grid given, the post pass (16"
+            " programs/SM) after the join. Each variant timed three times, interleaved; the median, and the"
+            " spread of the three.",
+            "",
+            table(["requests x context", "variant", "replay (ms)", "added (us)", "added (%)", "spread (us)",
+                   "violations"],
+                  [(f"{w['reqs']} x {w['ctx']}", w["variant"], f"{w['ms']:.3f}",
+                    "-" if w["variant"] == "forward" else f"{w['added_us']:+.1f}",
+                    "-" if w["variant"] == "forward" else f"{w['added_pct']:+.2f}", f"{w['spread_us']:.1f}",
+                    w["violations"]) for w in r["beside"]]),
+            "",
+            source(name),
             "",
         ]
     found = newest(runs, "sweep")
