@@ -139,16 +139,69 @@ def correctness(args) -> dict:
         requests += n
         waves += 1
         planned_steps += max(p["max_new_tokens"] for p in params)
-    # Drain: read every cached prefix once more, so that a corrupted slot the cache still holds is
-    # read by a request (and its report lands) before the engine stops.
-    engine.generate(input_ids=[p + [1] for p in prefixes],
-                    sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    tail = drain(engine, args, prefixes, draft is not None)
     served = time.perf_counter() - t0
     engine.shutdown()
     return {"kind": "correctness", "layout": args.layout, "model": model, "draft": draft,
             "perturb": args.perturb, "prefill_graph": args.prefill_graph, "pool_tokens": args.pool_tokens,
-            "waves": waves, "requests": requests, "generated_tokens": generated,
+            "waves": waves, "requests": requests, "generated_tokens": generated, **tail,
             "engine_start_s": round(started, 1), "serve_s": round(served, 1)}
+
+
+def sweep_tail_steps(pool: int, slots: int, interval: int) -> int:
+    """Target forwards after the last injection in which the idle-cache sweep ends the pass under way and makes
+    one whole pass more over a cache of at most ``pool`` slots.
+
+    A sweep slice hands out at most ``slots`` rows and visits at most ``slots`` nodes (``radix_walk.RadixCursor``);
+    every cached node holds a slot, so a pass over ``pool`` slots in at most ``pool`` nodes and the root takes at
+    most ``pool // slots + (pool + 1) // slots + 1`` slices (a cache that walks itself, ``ceil(pool / slots)``).
+    The first slice after the last injection runs within ``interval`` steps, the next ones ``interval`` apart:
+    the rest of the pass under way and a whole pass take at most twice a pass's slices. Nothing reuses a cached
+    prefix in the tail, so the tree changes only where the tail's own tokens evict (a watched flip then logs
+    ``kv_canary_perturb_left_cache=``), and a slot behind the cursor is reached by the next pass."""
+    per_pass = pool // slots + (pool + 1) // slots + 1
+    return interval * (2 * per_pass + 1)
+
+
+def sweep_slots() -> int:
+    """The sweep's slice size as the scheduler reads it (the canary's settings: a variable, else its default)."""
+    try:
+        from canary_instrument.runtime.setup.settings import load_settings
+    except ImportError:  # the runtime is not importable here: its documented default
+        return int(os.environ.get("KV_CANARY_SWEEP_SLOTS") or os.environ.get("SGLANG_KV_CANARY_SWEEP_SLOTS") or 4096)
+    return load_settings().sweep_slots
+
+
+def drain(engine, args, prefixes: list, speculative: bool) -> dict:
+    """Read every cached prefix once more, so that a corrupted slot the cache still holds is read by a request
+    (and its report lands) before the engine stops; then, with perturbations armed and the sweep on, stop
+    arming them (``SGLANG_KV_CANARY_PERTURB_STOP_FILE``) and serve a tail long enough for the idle-cache sweep
+    to read every slot the cache still holds (``sweep_tail_steps``): a flip in a cached slot that no request
+    reuses is read by the sweep before the run ends, not left for a pass the run never made."""
+    engine.generate(input_ids=[p + [1] for p in prefixes],
+                    sampling_params={"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    stop = os.environ.get("SGLANG_KV_CANARY_PERTURB_STOP_FILE")
+    if not (args.perturb and stop and args.kv_canary_sweep_interval and args.kv_canary != "none"):
+        return {}
+    try:  # the scheduler's own pool size (max_total_tokens, which the engine may have lowered)
+        pool = int(engine.get_server_info()["max_total_num_tokens"])
+    except Exception:  # noqa: BLE001 - an engine that does not say: the size asked for
+        pool = args.pool_tokens
+    slots = sweep_slots()
+    steps = sweep_tail_steps(pool, slots, args.kv_canary_sweep_interval)
+    # The engine is idle here (generate returned): no forward runs between the drain and the stop.
+    Path(stop).touch()
+    # One request no cached prefix starts like (every prompt token is >= 1), so it locks, splits and reads no
+    # cached node. Each target forward makes one token, an EAGLE verify up to its draft tokens plus one: ask
+    # for that many per step, so that the tail has at least ``steps`` target forwards.
+    per_step = 4 if speculative else 1  # speculative_num_draft_tokens (engine_args)
+    print(f"serve: drain done; perturbations stopped; sweep tail of {steps} steps "
+          f"(pool {pool}, {slots} slots a slice, a slice every {args.kv_canary_sweep_interval} steps)",
+          file=sys.stderr, flush=True)
+    out = engine.generate(input_ids=[[0]], sampling_params={"max_new_tokens": steps * per_step, "temperature": 0.0,
+                                                             "ignore_eos": True})
+    return {"sweep_tail": {"steps": steps, "pool": pool, "slots": slots, "interval": args.kv_canary_sweep_interval,
+                           "tokens": len(out[0]["output_ids"])}}
 
 
 def cost(args) -> dict:
@@ -259,6 +312,11 @@ def main() -> None:
     if args.perturb:
         os.environ["SGLANG_KV_CANARY_PERTURB"] = f"all={args.perturb}"
         os.environ.setdefault("SGLANG_KV_CANARY_PERTURB_SEED", str(args.seed))
+        # The scheduler stops arming perturbations once this file exists (the drain's tail creates it); one
+        # left from an earlier run would stop them at once.
+        stop = args.out.with_name(args.out.stem + ".perturb-stop")
+        stop.unlink(missing_ok=True)
+        os.environ["SGLANG_KV_CANARY_PERTURB_STOP_FILE"] = str(stop.resolve())
     os.environ.setdefault("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "100")
     result = {"argv": sys.argv[1:], **which_sglang()}
     if args.what == "correctness":
