@@ -441,8 +441,8 @@ def small_batches(results):
     results["small"] = out
 
 
-BESIDE = [(1, 1024), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
-BESIDE_PROGRAMS_PER_SM = (16, 4, 2, 1)
+BESIDE = [(1, 1024), (8, 1024), (8, 8192), (16, 1024), (16, 8192), (32, 1024), (64, 1024), (64, 4096), (256, 1024)]
+BESIDE_PROGRAMS_PER_SM = (16, 1)  # the runtime's grid, and the narrowest
 HIDDEN, QKV, FFN = 4096, 6144, 14336  # Llama-3-8B: one layer's projections
 
 
