@@ -286,6 +286,29 @@ def test_limit_makes_a_one_shot_fault():
         Perturber(PerturbSettings(rates=(("next_token_swap", 1.0),)), sc.state, limit=0)
 
 
+def test_a_stop_file_ends_the_injections_and_says_at_which_step(tmp_path, caplog):
+    # serve.py's drain creates the file once its workload is done, then serves the sweep's tail: from the first
+    # hook that finds it, nothing is drawn or injected, and one line names the step.
+    sc = scenario("mha", decode=True)
+    fb = forward_batch(sc, decode=True)
+    stop = tmp_path / "perturb-stop"
+    pert = Perturber(PerturbSettings(rates=(("next_token_swap", 1.0),), warmup_steps=0, stop_file=str(stop)),
+                     sc.state)
+    with caplog.at_level("WARNING", logger="canary_instrument.runtime"):
+        for step in range(1, 7):
+            if step == 4:
+                stop.touch()
+            pert.before_forward(ManagerView(step), fb)
+            pert.after_forward(ManagerView(step), fb)
+            pert.at_step_end(ManagerView(step))
+    assert [i.step for i in pert.drain()] == [1, 2, 3] and pert.stopped_at == 4
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kv_canary_perturb_stopped=")]
+    assert stopped == [f"kv_canary_perturb_stopped= step=4 file={stop}"]
+    stop.unlink()  # it stays stopped
+    pert.before_forward(ManagerView(7), fb)
+    assert pert.drain() == []
+
+
 # ---------------------------------------------------------------- target verify as real sglang hands it over
 # sglang's spec-v2 worker with overlap scheduling and an attention backend that needs no host lengths:
 # seq_lens_cpu and extend_prefix_lens_cpu are None, there is no num_tokens_per_req, the draft width is

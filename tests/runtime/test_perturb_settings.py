@@ -25,6 +25,8 @@ def test_upstream_per_kind_variables_and_the_spec_that_overrides_them():
     settings = load_perturb_settings(None, env)
     assert settings.rates == (("req_to_token", 0.01), ("next_token_swap", 0.25))
     assert (settings.seed, settings.warmup_steps, settings.target_group) == (7, 0, "swa")
+    assert settings.stop_file == ""
+    assert load_perturb_settings(None, {**env, "SGLANG_KV_CANARY_PERTURB_STOP_FILE": " /tmp/x.stop "}).stop_file == "/tmp/x.stop"
     # Server args win over the environment, setting by setting.
     args = SimpleNamespace(kv_canary_perturb="all=0.1", kv_canary_perturb_seed=3, kv_canary_perturb_warmup_steps=None)
     settings = load_perturb_settings(args, env)

@@ -21,6 +21,7 @@ SPEC_ARG, SPEC_ENV = "kv_canary_perturb", "SGLANG_KV_CANARY_PERTURB"
 SEED_ARG, SEED_ENV = "kv_canary_perturb_seed", "SGLANG_KV_CANARY_PERTURB_SEED"
 WARMUP_ARG, WARMUP_ENV = "kv_canary_perturb_warmup_steps", "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS"
 GROUP_ARG, GROUP_ENV = "kv_canary_perturb_target_group", "SGLANG_KV_CANARY_PERTURB_TARGET_GROUP"
+STOP_ARG, STOP_ENV = "kv_canary_perturb_stop_file", "SGLANG_KV_CANARY_PERTURB_STOP_FILE"
 
 
 def rate_env(kind: str) -> str:
@@ -36,6 +37,9 @@ class PerturbSettings:
     seed: int = 0
     warmup_steps: int = 50  # steps 1 .. warmup_steps are never perturbed (upstream's default)
     target_group: str = "any"  # which canary group the real-KV kinds flip: any | full | swa
+    # A path: once a file exists there, no further injection is armed (a harness's end-of-run reads then find
+    # every injection made before it); "" = never stop.
+    stop_file: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +127,7 @@ def load_perturb_settings(server_args: Any = None, environ: Optional[Mapping[str
         ("seed", SEED_ARG, SEED_ENV, lambda n, v: int_at_least(n, v, 0)),
         ("warmup_steps", WARMUP_ARG, WARMUP_ENV, lambda n, v: int_at_least(n, v, 0)),
         ("target_group", GROUP_ARG, GROUP_ENV, _target_group),
+        ("stop_file", STOP_ARG, STOP_ENV, lambda n, v: str(v).strip()),
     ):
         found = _source(server_args, env, attr, var)
         if found is not None:

@@ -12,11 +12,18 @@ The manager calls, on the target model runner's manager only (token offset 0):
 finished) and ``view.radix_cache`` the prefix cache, or None. Each kind draws from its own
 generator seeded from (seed, kind), so enabling one kind does not move another's schedule.
 Injections made before a forward are restored after it where that is safe (see the kinds).
+
+With a stop file set (``PerturbSettings.stop_file``), every hook first looks whether the file exists; from the
+first hook that finds it, no kind draws or injects again, and the perturber logs once
+``kv_canary_perturb_stopped= step=N file=PATH`` (``N`` the hook's step): no injection line after it carries a step
+above ``N``. What was injected before stays watched (``left_cache``) and is restored as usual. A harness creates the file when its workload
+is done, then serves the reads that must find every injection (serve.py's sweep tail).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -43,6 +50,7 @@ HOOKS = ("before_forward", "after_forward", "step_end")
 _REWRITE_TABLE = frozenset(("req_to_token", "req_row_swap"))
 _CORE_FACTS = ("slot", "req", "applied")
 _MAX_KEPT = 100_000  # injections kept for drain(); the log has them all
+STOPPED = "kv_canary_perturb_stopped="  # the line that says from which step no injection is armed
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ class Perturber:
         self._left: list[LeftCache] = []
         self.counts = {kind: 0 for kind in settings.kinds}  # injections made (logged or about to be)
         self.skipped_busy = 0  # opportunities dropped because too many injections awaited their device facts
+        self.stopped_at: Optional[int] = None  # the step whose hook first found the stop file
         logger.warning(
             "kv_canary perturb: enabled %s (seed %d, from step %d, target group %s); each injection is logged "
             "as one kv_canary_perturb line",
@@ -151,8 +160,15 @@ class Perturber:
 
     # ------------------------------------------------------------------ internals
 
+    def _stopped(self, step: int) -> bool:
+        """Whether the stop file has appeared (looked for until it has: one stat per hook while armed)."""
+        if self.stopped_at is None and self.settings.stop_file and os.path.exists(self.settings.stop_file):
+            self.stopped_at = step
+            logger.warning("%s step=%d file=%s", STOPPED, step, self.settings.stop_file)
+        return self.stopped_at is not None
+
     def _run(self, hook: str, step: int, forward_batch: Any = None, cache: Any = None) -> None:
-        if step > self.settings.warmup_steps:
+        if step > self.settings.warmup_steps and not self._stopped(step):
             table_changed = False
             for impl, rate, ctx in self._hooks[hook]:
                 if table_changed and impl.name in _REWRITE_TABLE:
