@@ -155,3 +155,119 @@ class FlatWalkCache:
 
     def __init__(self, tree: CompressedRadixCache):
         self.tree_core = _FlatCore(tree)
+
+
+class ComponentData:
+    def __init__(self):
+        self.value = None
+        self.lock_ref = 0
+
+
+class UnifiedNode:
+    """sglang's ``UnifiedTreeNode`` (srt/mem_cache/unified_cache/unified_tree_core.py, 0.5.17) as the canary reads
+    it: no ``value`` or ``lock_ref`` of its own, each component's in ``component_data`` (FULL = 0, SWA = 1)."""
+
+    def __init__(self):
+        self.children: dict = {}
+        self.parent = None
+        self.key: list[int] = []
+        self.component_data = [ComponentData(), ComponentData(), ComponentData()]
+
+
+class UnifiedCore:
+    """The tree core: ``root_node``, page-size-1 inserts that split a node on a partial match the way
+    ``_split_node`` does (a new upper node takes the front of each component's value as a clone; the original
+    node object keeps the rest, also cloned), leaf eviction that clears the value and detaches the node, SWA
+    eviction that frees a node's SWA value alone, locks per component, and its own ``walk_for_kv_canary``."""
+
+    def __init__(self, device="cpu"):
+        self.device = device
+        self.reset()
+
+    def reset(self):
+        self.root_node = UnifiedNode()
+        self.root_node.component_data[0].value = []
+        for data in self.root_node.component_data:
+            data.lock_ref = 1
+
+    def insert(self, tokens: list[int], slots: list[int], swa_slots: list[int] | None = None) -> None:
+        value = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        swa = None if swa_slots is None else torch.tensor(swa_slots, dtype=torch.int64, device=self.device)
+        node, i = self.root_node, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                new = UnifiedNode()
+                new.parent, new.key = node, list(tokens[i:])
+                new.component_data[0].value = value[i:].clone()
+                new.component_data[1].value = None if swa is None else swa[i:].clone()
+                node.children[tokens[i]] = new
+                return
+            n = _common(child.key, tokens[i:])
+            if n < len(child.key):
+                child = self.split(child, n)
+            node, i = child, i + n
+
+    def split(self, child: UnifiedNode, n: int) -> UnifiedNode:
+        new = UnifiedNode()
+        new.children = {child.key[n]: child}
+        new.parent, new.key = child.parent, child.key[:n]
+        for ct in (0, 1):
+            data, upper = child.component_data[ct], new.component_data[ct]
+            upper.lock_ref = data.lock_ref
+            if data.value is not None:
+                upper.value, data.value = data.value[:n].clone(), data.value[n:].clone()
+        child.parent, child.key = new, child.key[n:]
+        new.parent.children[new.key[0]] = new
+        return new
+
+    def nodes(self):
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def lock(self, node: UnifiedNode, delta: int = 1) -> None:
+        while node is not self.root_node:
+            node.component_data[0].lock_ref += delta
+            node = node.parent
+
+    def evict_leaf(self, node: UnifiedNode) -> None:
+        assert not node.children and node.component_data[0].lock_ref == 0
+        node.component_data[0].value = node.component_data[1].value = None
+        del node.parent.children[node.key[0]]
+
+    def free_swa(self, node: UnifiedNode) -> None:
+        node.component_data[1].value = None  # a tombstone: the full slots stay
+
+    def walk_for_kv_canary(self, unlocked_only: bool, swa_resident_only: bool) -> WalkResult:
+        rows = []
+
+        def dfs(node, depth, parent_last):
+            value = node.component_data[0].value
+            slots = value.tolist() if isinstance(value, torch.Tensor) else []
+            emit = node is not self.root_node and (not unlocked_only or node.component_data[0].lock_ref == 0)
+            last = parent_last
+            for j, slot in enumerate(slots):
+                if emit:
+                    rows.append((slot, depth + j, parent_last if j == 0 else slots[j - 1]))
+                last = slot
+            for child in node.children.values():
+                dfs(child, depth + len(node.key), last)
+
+        dfs(self.root_node, 0, -1)
+        cols = list(zip(*rows)) if rows else [(), (), ()]
+        return WalkResult(*(torch.tensor(c, dtype=torch.int64) for c in cols))
+
+
+class UnifiedCache:
+    """sglang 0.5.17's ``UnifiedRadixCache`` (the hybrid SWA models' cache): ``root_node`` is its core's, and the
+    core walks itself."""
+
+    def __init__(self, device="cpu"):
+        self.tree_core = UnifiedCore(device)
+
+    @property
+    def root_node(self):
+        return self.tree_core.root_node

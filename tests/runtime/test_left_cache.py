@@ -12,7 +12,7 @@ from canary_instrument.runtime.perturb.audit import audit
 from canary_instrument.runtime.perturb.left_cache import CacheWatch, LeftCache
 from canary_instrument.runtime.perturb.perturber import ManagerView, Perturber
 
-from .radix_trees import CompressedRadixCache
+from .radix_trees import CompressedRadixCache, UnifiedCache
 from .test_perturb_engine import perturbed, serve
 from .test_perturb_kinds import scenario
 from .test_perturb_score import inj, vio
@@ -134,6 +134,66 @@ def test_the_watch_is_bounded_and_swa_flips_leave_with_the_swa_slots():
     full = _watch(cache, node, 3, group="full")
     node.swa_tombstone = True  # sglang's SWA cache freed the node's SWA slots, the full ones stay
     assert [g.how for g in swa.check(cache, 2)] == ["swa_freed"] and full.check(cache, 2) == []
+
+
+def unified_holder(cache, slot):
+    return next(n for n in cache.tree_core.nodes()
+                if n.component_data[0].value is not None and slot in n.component_data[0].value.tolist())
+
+
+def test_the_watch_follows_sglang_s_unified_tree_the_hybrid_swa_cache():
+    # sglang 0.5.17 serves gpt-oss (SWA) from a UnifiedRadixCache: its core walks itself (no node in its rows), but
+    # the flip is drawn through its nodes, so the watch follows them: a split, an eviction (value cleared, node
+    # detached), the SWA component freed alone (an SWA-group flip only), a request's lock, a flush.
+    cache = UnifiedCache()
+    core = cache.tree_core
+    core.insert([1, 2, 3, 4, 5, 6, 7, 8], [101, 102, 103, 104, 105, 106, 107, 108], [51, 52, 53, 54, 55, 56, 57, 58])
+    node = unified_holder(cache, 106)
+    low, high = _watch(cache, node, 5), _watch(cache, node, 1)  # slots 106 and 102
+    swa, full = _watch(cache, node, 6, group="swa"), _watch(cache, node, 6, group="full")  # slot 107
+    core.insert([1, 2, 3, 9], [201, 202, 203, 204])  # splits: [1, 2, 3] above, [4..8] keeps its node object
+    assert node.component_data[0].value.tolist() == [104, 105, 106, 107, 108]
+    assert all(w.check(cache, 2) == [] for w in (low, high, swa, full))
+    assert (high._watched[0].node, high._watched[0].index) == (unified_holder(cache, 102), 1)
+    core.free_swa(node)  # the node's SWA slots freed, its full ones kept
+    assert [g.how for g in swa.check(cache, 3)] == ["swa_freed"] and full.check(cache, 3) == []
+    core.evict_leaf(node)  # value cleared and detached: the lower part goes, slot 102 stays above
+    [gone] = low.check(cache, 4)
+    assert (gone.step, gone.injected, gone.position, gone.how) == (4, 1, 105, "evicted")
+    assert [g.how for g in full.check(cache, 4)] == ["evicted"]
+    assert high.check(cache, 4) == [] and len(high) == 1
+    upper = unified_holder(cache, 102)
+    core.lock(upper)  # a request holds it (its FULL lock): it reads the slot, the watch ends with no line
+    assert high.check(cache, 5) == [] and len(high) == 0
+    core.lock(upper, -1)
+    flushed = _watch(cache, upper, 0)
+    core.reset()
+    assert [g.how for g in flushed.check(cache, 6)] == ["reset"]
+
+
+def test_a_cache_flip_in_a_unified_tree_is_watched_until_it_leaves(canary_log):
+    sc = scenario("mha", v_half=False)
+    cache = UnifiedCache()
+    for req in sc.requests:  # finished requests: their positions sit in the cache, unlocked
+        cache.tree_core.insert(req.tokens[: len(req.full_slots)], req.full_slots)
+    settings = PerturbSettings(rates=((KIND, 1.0),), seed=0, warmup_steps=0, target_group="full")
+    pert = Perturber(settings, sc.state, limit=1)
+    pert.at_step_end(ManagerView(step=3, radix_cache=cache))
+    [flip] = pert.drain()
+    assert flip.applied and flip.req == -1
+    node = unified_holder(cache, flip.slot)
+    for child in list(node.children.values()):
+        evict_unified(cache, child)
+    cache.tree_core.evict_leaf(node)
+    pert.at_step_end(ManagerView(step=4, radix_cache=cache))
+    [left] = pert.drain_left()
+    assert (left.injected, left.position, left.how) == (3, flip.position, "evicted")
+
+
+def evict_unified(cache, node):
+    for child in list(node.children.values()):
+        evict_unified(cache, child)
+    cache.tree_core.evict_leaf(node)
 
 
 def test_on_the_reference_engine_every_flip_said_to_leave_unread_is_overwritten_or_freed(monkeypatch):

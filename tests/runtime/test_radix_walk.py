@@ -15,7 +15,7 @@ from canary_instrument.runtime.features.radix_walk import (
     sample_idle_slot,
 )
 
-from .radix_trees import CompressedRadixCache, FlatWalkCache
+from .radix_trees import CompressedRadixCache, FlatWalkCache, UnifiedCache
 
 ENGINE_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "golden", "engine"))
 
@@ -247,3 +247,38 @@ def test_swa_trees_lock_with_full_lock_ref():
     assert node_shape(tree).lock_attr == "full_lock_ref"
     rows, _ = full_pass(RadixCursor(tree), budget=8)
     assert sorted(rows) == [(11, 0, UNKNOWN_PREV), (12, 1, 11), (14, 2, 12)]
+
+
+def random_unified(seed: int):
+    """sglang 0.5.17's unified tree filled like random_tree: shared stems split nodes, a few paths locked (FULL)."""
+    rng = random.Random(seed)
+    cache = UnifiedCache()
+    core = cache.tree_core
+    slots = iter(range(1, 4000))
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(3, 12))] for _ in range(3)]
+    for _ in range(12):
+        tokens = rng.choice(stems)[: rng.randrange(1, 12)] + [rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+        core.insert(tokens, [next(slots) for _ in tokens])  # duplicates keep the cached slots, as sglang's
+    for node in rng.sample(list(core.nodes()), 3):
+        core.lock(node)
+    return cache
+
+
+def test_a_unified_tree_is_sampled_through_its_nodes_and_swept_by_its_own_walk():
+    # sglang 0.5.17's hybrid SWA cache: the core walks itself (rows, no node), but its nodes are host objects, so
+    # a cache flip is drawn through them and names its node; the sweep keeps the core's walk.
+    cache = random_unified(4)
+    flat = cache.tree_core.walk_for_kv_canary(unlocked_only=True, swa_resident_only=False)
+    truth = {s: p for s, p in zip(flat.slot_indices.tolist(), flat.positions.tolist())}
+    assert node_shape(cache).slots_attr == "component_data"
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(3000):
+        slot, position, node, index = sample_idle_slot(cache, rng)
+        slot = int(slot.reshape(-1)[0])
+        assert truth[slot] == position and node.component_data[0].lock_ref == 0
+        assert int(node.component_data[0].value[index]) == slot
+        seen.add(slot)
+    assert seen == set(truth)
+    rows, _ = full_pass(RadixCursor(cache), budget=7)
+    assert set(rows) == set(zip(flat.slot_indices.tolist(), flat.positions.tolist(), flat.prev_slot_indices.tolist()))

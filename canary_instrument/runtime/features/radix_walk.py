@@ -63,17 +63,38 @@ class WalkSlice:
         return sum(len(s) for s in self.segments)
 
 
+# sglang's unified tree (``UnifiedTreeNode``, the cache of hybrid SWA models from 0.5.17): a node keeps each
+# component's data in ``component_data``, a list indexed by component type (FULL = 0, SWA = 1), each with its own
+# ``value`` (device slots, or None once freed) and ``lock_ref``.
+COMPONENTS = "component_data"
+_FULL, _SWA = 0, 1
+
+
 @dataclass(frozen=True)
 class NodeShape:
     """How this cache's nodes spell children, slots and locks (read once from the root)."""
 
-    slots_attr: str  # "value" (tensor/list/None) or "slot" (one int)
-    lock_attr: str  # "full_lock_ref" or "lock_ref"
+    slots_attr: str  # "value" (tensor/list/None), "slot" (one int) or COMPONENTS (the FULL component's value)
+    lock_attr: str  # "full_lock_ref", "lock_ref" or COMPONENTS (the FULL component's lock_ref)
+
+    def holding(self, node: Any) -> Any:
+        """What the node holds its slots in, as it is: a tensor or list (None once freed), or one int."""
+        if self.slots_attr == COMPONENTS:
+            return node.component_data[_FULL].value
+        return getattr(node, self.slots_attr)
 
     def slots(self, node: Any) -> Optional[SlotValues]:
         if self.slots_attr == "slot":
             return (node.slot,)
-        return node.value
+        return self.holding(node)
+
+    def swa_freed(self, node: Any) -> bool:
+        """The node's SWA slots are freed while its full ones stay (an SWA tree's tombstone; in the unified tree,
+        its SWA component's value is None)."""
+        if self.slots_attr == COMPONENTS:
+            data = node.component_data
+            return len(data) > _SWA and data[_SWA].value is None
+        return bool(getattr(node, "swa_tombstone", False))
 
     def span(self, node: Any, slots: Optional[SlotValues]) -> int:
         """Positions the node covers: its slots, or its key's length once its device KV is evicted."""
@@ -83,6 +104,8 @@ class NodeShape:
         return len(key) if key is not None else 0
 
     def locked(self, node: Any) -> bool:
+        if self.lock_attr == COMPONENTS:
+            return node.component_data[_FULL].lock_ref > 0
         return getattr(node, self.lock_attr) > 0
 
 
@@ -109,6 +132,8 @@ def node_shape(cache: Any) -> Optional[NodeShape]:
     children = getattr(root, "children", None)
     if not (hasattr(children, "get") and hasattr(children, "items")):
         raise ValueError(f"kv canary sweep: cannot walk {where}: its nodes have no 'children' mapping")
+    if _component_node(root):
+        return NodeShape(COMPONENTS, COMPONENTS)
     slots_attr = "value" if hasattr(root, "value") else "slot" if hasattr(root, "slot") else None
     lock_attr = "full_lock_ref" if hasattr(root, "full_lock_ref") else "lock_ref" if hasattr(root, "lock_ref") else None
     if slots_attr is None:
@@ -119,6 +144,21 @@ def node_shape(cache: Any) -> Optional[NodeShape]:
             "that running requests hold cannot be told apart"
         )
     return NodeShape(slots_attr, lock_attr)
+
+
+def _component_node(node: Any) -> bool:
+    data = getattr(node, COMPONENTS, None)
+    try:
+        full = data[_FULL]
+    except (TypeError, IndexError, KeyError):
+        return False
+    return hasattr(full, "value") and hasattr(full, "lock_ref")
+
+
+def component_tree(cache: Any) -> bool:
+    """Whether ``cache``'s tree is made of unified-tree nodes (``component_data``) the host can read."""
+    root = tree_root(cache)
+    return root is not None and hasattr(getattr(root, "children", None), "items") and _component_node(root)
 
 
 class _Frame:
@@ -234,9 +274,14 @@ class RadixCursor:
 def sample_idle_slot(cache: Any, rng: random.Random) -> Optional[tuple[Any, int, Any, int]]:
     """One slot the cache holds unlocked, uniformly at random, and where it sits: ``(slot, position, node,
     index)``, where ``slot`` is an int or a one-element tensor (device values are not read on the host) and is
-    ``node``'s slot ``index`` (node None, index -1, for a cache that walks itself); None when there is none."""
+    ``node``'s slot ``index`` (node None, index -1, for a cache that walks itself and whose nodes the host cannot
+    read); None when there is none.
+
+    sglang's unified tree walks itself (``walk_for_kv_canary``: rows, no node) but its nodes are host objects
+    (``component_data``): it is sampled through them, the same rows (FULL slots whose FULL component no request
+    locks), so that a flip names the node it sits in and its leaving the cache can be told (``left_cache``)."""
     walk = flat_walker(cache)
-    if walk is not None:
+    if walk is not None and not component_tree(cache):
         result = walk(unlocked_only=True, swa_resident_only=False)
         total = int(result.slot_indices.shape[0])
         if total == 0:

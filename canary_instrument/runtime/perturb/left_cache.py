@@ -15,10 +15,12 @@ kv_canary_perturb_left_cache= step=73 kind=real_kv_unused_cache injected=41 posi
 name the injection (its line's ``step`` and ``position``; one such injection per step), ``how``:
 
 - ``evicted``: its node is no longer its parent's child and has no children (a leaf the cache evicted);
-- ``freed``: its node's device KV is gone (``value`` None: HiCache kept a host copy, the device slot is free);
+- ``freed``: its node's device KV is gone while the node stays (``value`` None: HiCache kept a host copy, the
+  device slot is free; a node out of the tree with its value cleared, as sglang's unified tree evicts, is ``evicted``);
 - ``replaced``: its node holds other slots of the same length (freed and loaded back, or an SWA tombstone
   revived with a request's slots, between two step ends);
-- ``swa_freed``: an SWA-group flip whose node the cache tombstoned (its SWA slots freed, the full ones kept);
+- ``swa_freed``: an SWA-group flip whose node's SWA slots the cache freed, the full ones kept (an SWA tree's
+  tombstone; in sglang's unified tree, the SWA component's value None);
 - ``reset``: the cache's root was replaced (a flush frees every slot).
 
 A node split since (the upper part becomes a new parent; the original node keeps the lower part) moves the
@@ -76,7 +78,7 @@ class _Watched:
 
 
 def _holding(w: _Watched, node: Any) -> Any:
-    return getattr(node, w.shape.slots_attr)
+    return w.shape.holding(node)
 
 
 def _size(w: _Watched, holding: Any) -> int:
@@ -100,7 +102,7 @@ class CacheWatch:
     def add(self, cache: Any, kind: str, step: int, position: int, group: str, node: Any, index: int) -> None:
         """Watch slot ``index`` of ``node`` (a node of ``cache``'s tree), flipped by ``kind`` at ``step``."""
         shape = node_shape(cache)
-        holding = getattr(node, shape.slots_attr) if shape is not None else None
+        holding = shape.holding(node) if shape is not None else None
         if shape is None or holding is None or node.parent is None:
             return
         w = _Watched()
@@ -148,8 +150,11 @@ class CacheWatch:
             node = w.node
         holding = _holding(w, node)
         if holding is None:
-            return "freed"
-        if not (holding is w.holding if w.shape.slots_attr == "value" else holding == w.holding):
+            # A leaf taken out of the tree with its value cleared (sglang's unified tree) was evicted; a node still
+            # in it lost its device KV alone (HiCache).
+            detached = w.parent.children.get(w.key) is not node and not node.children
+            return "evicted" if detached else "freed"
+        if not (holding is w.holding if w.shape.slots_attr != "slot" else holding == w.holding):
             size = _size(w, holding)
             if size == w.length:
                 return "replaced"
@@ -160,7 +165,7 @@ class CacheWatch:
             return _DROP if node.children else "evicted"  # a merged node keeps its children's mapping
         if w.shape.locked(node):
             return _DROP  # a request holds it: it reads the slot from here
-        if w.swa and getattr(node, "swa_tombstone", False):
+        if w.swa and w.shape.swa_freed(node):
             return "swa_freed"
         return None
 
