@@ -104,6 +104,14 @@ def correctness_row(name: str, run: dict) -> dict:
     row["decode_steps"] = row["forwards"] - row["prefill_batches"] if row["forwards"] else 0
     if meta.get("perturb"):
         row["score"] = perturb_score(log)
+        # Runs whose drain stops the perturbations and serves the sweep's tail (serve.py ``drain``); older ones have
+        # neither, and their rows stay as they were.
+        stopped = [int(m) for m in STOPPED.findall(log)]
+        if stopped:
+            row["perturb_stopped_at"] = min(stopped)
+            row["injected_after_stop"] = sum(int(m) > min(stopped) for m in INJECTED_STEP.findall(log))
+        if meta.get("sweep_tail"):
+            row["sweep_tail"] = meta["sweep_tail"]
     return row
 
 
@@ -115,6 +123,26 @@ def perturb_score(log: str) -> dict:
     if armed:
         score["kinds"] = {k: v for k, v in score["kinds"].items() if k in armed}
     return score
+
+
+# The runtime's line when a run's stop file appeared (serve.py's drain), and each injection line's step.
+STOPPED = re.compile(r"kv_canary_perturb_stopped= step=(\d+)")
+INJECTED_STEP = re.compile(r"kv_canary_perturb= step=(\d+)")
+
+
+def tail_notes(rows: list[dict]) -> list[str]:
+    """One line per perturbed run whose drain stopped the perturbations and served the sweep's tail: from which
+    step nothing was injected, how long the tail was, and that no injection came after the stop."""
+    out = []
+    for r in rows:
+        if "perturb_stopped_at" not in r:
+            continue
+        tail = r.get("sweep_tail") or {}
+        out.append(f"- `{r['run']}`: perturbations stopped at step {r['perturb_stopped_at']:,} (after the drain); "
+                   f"{r['injected_after_stop']} injections after it; then a sweep tail of {tail.get('steps', '?')} "
+                   f"steps ({tail.get('pool', '?')}-slot pool, {tail.get('slots', '?')} slots a slice, a slice every "
+                   f"{tail.get('interval', '?')} steps; its request made {tail.get('tokens', '?')} tokens).")
+    return ["", *out] if out else []
 
 
 # The perturbation table's columns after its lead ones (``score_rows``).
@@ -274,6 +302,7 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
     for r in correctness:
         if "score" in r:
             out += score_rows(r["score"], f"{r['run']} | {r['device']} | ")
+    out += tail_notes(correctness)
     for model in COST_MODELS:
         if cost.get(model):
             out += cost_markdown(model, suites, cost[model], device)

@@ -155,6 +155,27 @@ def test_the_perturbation_table_counts_a_flip_evicted_unread_apart_from_the_miss
         "| real_kv_unused_cache | 4 | 1 (25 %) | 3 | 0 | 2/2/2 |")
 
 
+def test_a_run_that_stopped_its_perturbations_for_the_sweep_tail_says_so():
+    log = "\n".join([
+        "kv_canary perturb: enabled real_kv_unused_cache=0.02 (seed 0, from step 1)",
+        "kv_canary_perturb= step=10 kind=real_kv_unused_cache group=full half=k slot=10 position=3 req=-1 applied=1 "
+        "layer=0 byte=1 bit=2",
+        "kv_canary_perturb_stopped= step=12 file=/tmp/mha-perturb.perturb-stop",
+        "kv_canary violation: kernel=sweep group=full half=k reason=fingerprint slot=10 position=3 stored=1 expected=2 "
+        "req=-1 step=48",
+    ])
+    tail = {"steps": 304, "pool": 16384, "slots": 4096, "interval": 16, "tokens": 304}
+    row = report.correctness_row("mha-perturb", {"json": {"perturb": 0.02, "sweep_tail": tail}, "log": log})
+    assert (row["perturb_stopped_at"], row["injected_after_stop"], row["sweep_tail"]) == (12, 0, tail)
+    assert row["score"]["kinds"]["real_kv_unused_cache"]["reported"] == 1
+    [note] = report.tail_notes([row])[1:]
+    assert note.startswith("- `mha-perturb`: perturbations stopped at step 12 (after the drain); 0 injections after "
+                           "it; then a sweep tail of 304 steps")
+    # A run from before the stop: its row and the page say nothing of it.
+    old = report.correctness_row("mha-perturb", {"json": {"perturb": 0.02}, "log": log.splitlines()[0]})
+    assert "perturb_stopped_at" not in old and "sweep_tail" not in old and report.tail_notes([old]) == []
+
+
 def lock_release(lock: Path) -> str:
     """The sglang release a lock pins."""
     return next(line.split()[1].split("-")[1] for line in lock.read_text().splitlines()
