@@ -274,13 +274,15 @@ for suite in "$@"; do
         wait
         ;;
     corpus4)
-        # The radix cache's eviction and insert bugs again, where they are reached: a 4096-token pool, so the
-        # cache evicts in every wave (16384 tokens held every wave's requests and their prefixes, and
-        # radix_evict_locked_parent never ran its edit), three ways at once.
-        common=(correctness --layout mha --decode-steps 1500 --pool-tokens 4096 --mem-fraction 0.9)
-        for bug in radix_evict_locked_parent radix_insert_frees_new; do
-            three_ways "$bug" "${common[@]}"
-        done
+        # The radix cache's eviction and insert bugs again, where they are reached, each three ways at once.
+        # radix_insert_frees_new: the correctness waves with a 4096-token pool, so the cache evicts in every wave.
+        # radix_evict_locked_parent: serve.py evict (the waves never made its moment, with 16384 or 4096 tokens):
+        # a request decodes over its locked prompt node, a finished one hangs a child under it, cached prompts
+        # fill the pool, and one chunk-sized prefill (half the 4096-token pool) evicts the child and, with the
+        # bug, the locked node, whose slots it then takes.
+        three_ways radix_evict_locked_parent evict --pool-tokens 4096 --mem-fraction 0.9
+        three_ways radix_insert_frees_new correctness --layout mha --decode-steps 1500 --pool-tokens 4096 \
+            --mem-fraction 0.9
         wait
         ;;
     cost-a|cost-1b-a)

@@ -3,6 +3,7 @@
     python bench/sglang_server/serve.py correctness --layout mha --out r.json [--perturb 0.02] [--prefill-graph default]
     python bench/sglang_server/serve.py cost --out r.json [--kv-canary log]
     python bench/sglang_server/serve.py stall --out r.json [--kv-canary log]
+    python bench/sglang_server/serve.py evict --out r.json --pool-tokens 4096 [--kv-canary log]
 
 Which sglang runs is whatever ``import sglang`` finds: ``gpu.sh`` puts the applied copy first on
 ``PYTHONPATH`` for our canary and the unmodified release for canary off and sglang's own canary, and
@@ -285,9 +286,144 @@ def stall(args) -> dict:
     return {"kind": "stall", "kv_canary": args.kv_canary, "engine_start_s": round(started, 1), "waves": waves}
 
 
+# The evict workload (``serve.py evict``): sizes in tokens, see ``evict_plan``.
+EVICT_HELD = 64  # the held request's prompt: the node it locks, the slots the bug frees under it
+EVICT_MARGIN = 64  # what stays between each allocation and the point where it would have to evict
+EVICT_FILL_MAX = 512  # each cached prompt's length at most (one per prefill, a chunk or less)
+
+
+def evict_plan(pool: int, chunk: int, seed: int = 1) -> dict:
+    """The requests of the evict workload for a pool of ``pool`` slots and a prefill chunk of ``chunk`` tokens.
+
+    sglang's ``RadixCache.evict`` pops the least recently used unlocked leaf and, once a popped leaf's parent
+    has no children left, pushes the parent, if it is unlocked (``radix_evict_locked_parent`` drops that test).
+    A running request locks the node of its whole prompt (``cache_unfinished_req`` after its prefill), so a
+    locked parent with an evictable child needs a second request whose prompt extends the first's and that
+    finished, and an allocation that asks more of the cache than every leaf older than that child:
+
+    1. *held* (``EVICT_HELD`` tokens, ``a_new`` decode tokens) is prefilled and decodes on: it locks its
+       prompt's node L;
+    2. *child* = held's prompt + 1 token, one new token: it matches L, and finishes at its prefill; its insert
+       hangs the node C (its own token, and one more where the overlap scheduler gave it a decode slot) under
+       L. C is the oldest leaf from now on, L as old (that insert touched it last);
+    3. *fills*: prompts nothing else starts like, one new token each: cached whole when they finish, younger
+       than C, and they leave ``left`` slots free (less what held has decoded by then);
+    4. *new*: one chunk of new tokens. Its prefill allocates ``chunk`` slots where at most ``left`` are free:
+       ``evict_from_tree_cache`` asks the cache for ``chunk - free >= EVICT_HELD + EVICT_MARGIN`` tokens. C
+       goes first; L, now childless, is pushed only with the bug, older than every fill, so it goes next:
+       its slots are freed while held still decodes over them, and the allocator hands them to new (freed
+       slots join the free list's end, after the ``free`` slots new takes first; new takes C's, all of L's,
+       then some of the oldest fill's). Held's next decode step reads new's KV at its prompt positions.
+
+    Nothing evicts before new's prefill: held decodes at most ``a_new = left - EVICT_MARGIN`` tokens, so
+    every fill's prefill and every decode step finds free slots (``EVICT_MARGIN`` of them at least, room for
+    the slots the overlap scheduler holds a step longer). sglang admits new: it needs ``chunk + n_new + 1`` of
+    free plus evictable slots less held's remaining tokens at the new-token ratio (0.7 at most), which the
+    sizes keep (``admission_margin``, the worst case). Held's decode then lasts ``a_new`` steps, seconds on a
+    GPU, against the few round trips the client makes before new.
+    """
+    held, margin = EVICT_HELD, EVICT_MARGIN
+    left = chunk - held - margin
+    a_new = left - margin
+    fill_total = pool - held - 1 - left
+    n_new = 4
+    # sglang admits new while chunk + n_new + 1 < free + evictable - 0.7 x held's remaining decode (schedule_policy
+    # PrefillAdder.add_one_req, rem_total_tokens); the worst case: held has decoded everything it will.
+    admission_margin = (pool - held - a_new) - (chunk + n_new + 1)
+    if a_new < 4 * margin or fill_total < 1 or admission_margin < 1:
+        raise ValueError(f"evict: a pool of {pool} slots and a chunk of {chunk} tokens leave no room for the "
+                         f"workload (left {left}, held's decode {a_new}, fills {fill_total}, admission "
+                         f"margin {admission_margin}): the pool needs about twice the chunk")
+    rng = random.Random(seed)
+    first = iter(range(1, 1000))  # every prompt's first token its own: no prompt starts like another
+
+    def prompt(length: int) -> list[int]:
+        return [next(first)] + [rng.randrange(1000, 32000) for _ in range(length - 1)]
+
+    held_prompt = prompt(held)
+    count = -(-fill_total // EVICT_FILL_MAX)
+    sizes = [fill_total // count + (i < fill_total % count) for i in range(count)]
+    return {"pool": pool, "chunk": chunk, "left": left, "a_new": a_new, "n_new": n_new,
+            "admission_margin": admission_margin, "held": held_prompt,
+            "child": held_prompt + [rng.randrange(1000, 32000)], "fills": [prompt(n) for n in sizes],
+            "new": prompt(chunk)}
+
+
+def evict(args) -> dict:
+    """One locked parent evicted under a running request, if the release's eviction lets it (``evict_plan``).
+
+    MHA, chunked prefill at half the pool (``--pool-tokens``), so that one prefill asks the cache for more
+    than every leaf older than the locked node's child. The client waits for each step's answer before the
+    next (held's first streamed token: its prompt is in the cache and locked; the child's and the fills'
+    completion: their inserts are done), so the cache's order of events is the plan's. Held decodes to its
+    end after new; then the engine idles a few seconds (sglang's idle checks run) and stops."""
+    import asyncio
+
+    import sglang
+
+    model, _ = LAYOUTS["mha"]
+    kw = engine_args(args, write_model(model, Path(args.models)), None)
+    chunk = args.pool_tokens // 2
+    kw.update(max_total_tokens=args.pool_tokens, chunked_prefill_size=chunk, max_running_requests=48,
+              cuda_graph_max_bs_decode=48)
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**kw)
+    started = time.perf_counter() - t0
+    try:  # the scheduler's own pool size (max_total_tokens, which the engine may have lowered)
+        pool = int(engine.get_server_info()["max_total_num_tokens"])
+    except Exception:  # noqa: BLE001 - an engine that does not say: the size asked for
+        pool = args.pool_tokens
+    plan = evict_plan(pool, chunk, args.seed)
+    marks: dict = {}
+
+    def params(n: int) -> dict:
+        return {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+
+    def mark(what: str, **facts) -> None:
+        marks[what] = facts
+        print(f"evict: {what} " + " ".join(f"{k}={v}" for k, v in facts.items()), file=sys.stderr, flush=True)
+
+    async def scenario() -> None:
+        decoded, first, done = [0], asyncio.Event(), asyncio.Event()
+        stream = await engine.async_generate(input_ids=plan["held"], sampling_params=params(plan["a_new"]),
+                                             stream=True)
+
+        async def follow() -> None:
+            async for chunk_out in stream:
+                decoded[0] = int(chunk_out.get("meta_info", {}).get("completion_tokens")
+                                 or len(chunk_out.get("output_ids", [])))
+                first.set()
+            done.set()
+
+        held = asyncio.ensure_future(follow())
+        await first.wait()
+        mark("held prefilled", prompt=len(plan["held"]), decoded=decoded[0])
+        await engine.async_generate(input_ids=plan["child"], sampling_params=params(1))
+        mark("child cached", decoded=decoded[0])
+        await engine.async_generate(input_ids=plan["fills"], sampling_params=params(1))
+        mark("fills cached", fills=len(plan["fills"]), tokens=sum(map(len, plan["fills"])), decoded=decoded[0])
+        await engine.async_generate(input_ids=plan["new"], sampling_params=params(plan["n_new"]))
+        mark("new served", prompt=len(plan["new"]), decoded=decoded[0], held_running=not done.is_set())
+        await held
+        mark("held done", decoded=decoded[0])
+
+    t0 = time.perf_counter()
+    engine.loop.run_until_complete(scenario())
+    served = time.perf_counter() - t0
+    time.sleep(args.evict_idle_s)  # sglang's idle checks (its pool and tree accounting) run now
+    engine.shutdown()
+    new = marks["new served"]
+    return {"kind": "evict", "pool_tokens": pool, "chunk": chunk,
+            "plan": {k: plan[k] for k in ("left", "a_new", "n_new", "admission_margin")},
+            "fills": [len(f) for f in plan["fills"]], "marks": marks,
+            # The route's precondition: held was still decoding when new was served (so when its prefill evicted).
+            "route_held": bool(new["held_running"]),
+            "engine_start_s": round(started, 1), "serve_s": round(served, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["correctness", "cost", "stall"])
+    parser.add_argument("what", choices=["correctness", "cost", "stall", "evict"])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="mha")
     parser.add_argument("--kv-canary", default="log", choices=["none", "log", "raise"])
@@ -307,6 +443,8 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=16)
     parser.add_argument("--long", type=int, default=208)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--evict-idle-s", type=float, default=3.0,
+                        help="evict: seconds the engine idles after the last request, before it stops")
     parser.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     args = parser.parse_args()
     if args.perturb:
@@ -326,7 +464,7 @@ def main() -> None:
     # process too, and the report still learns what ran.
     args.out.write_text(json.dumps({**result, "ok": False, "error": "killed before it finished"}, indent=1) + "\n")
     try:
-        result.update({"correctness": correctness, "cost": cost, "stall": stall}[args.what](args))
+        result.update({"correctness": correctness, "cost": cost, "stall": stall, "evict": evict}[args.what](args))
         result["ok"] = True
     except Exception as exc:  # the report shows the failure; gpu.sh goes on with the next run
         import traceback
