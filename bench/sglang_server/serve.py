@@ -21,6 +21,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -201,6 +202,7 @@ def drain(engine, args, prefixes: list, speculative: bool) -> dict:
           file=sys.stderr, flush=True)
     out = engine.generate(input_ids=[[0]], sampling_params={"max_new_tokens": steps * per_step, "temperature": 0.0,
                                                              "ignore_eos": True})
+    Path(stop).unlink(missing_ok=True)  # the scheduler stays stopped once it has seen it
     return {"sweep_tail": {"steps": steps, "pool": pool, "slots": slots, "interval": args.kv_canary_sweep_interval,
                            "tokens": len(out[0]["output_ids"])}}
 
@@ -450,11 +452,11 @@ def main() -> None:
     if args.perturb:
         os.environ["SGLANG_KV_CANARY_PERTURB"] = f"all={args.perturb}"
         os.environ.setdefault("SGLANG_KV_CANARY_PERTURB_SEED", str(args.seed))
-        # The scheduler stops arming perturbations once this file exists (the drain's tail creates it); one
-        # left from an earlier run would stop them at once.
-        stop = args.out.with_name(args.out.stem + ".perturb-stop")
+        # The scheduler stops arming perturbations once this file exists (the drain creates it): outside the runs
+        # folder that gpu.sh archives, one per process (one left from an earlier run would stop them at once).
+        stop = Path(tempfile.gettempdir()) / f"kv-canary-perturb-stop-{os.getpid()}"
         stop.unlink(missing_ok=True)
-        os.environ["SGLANG_KV_CANARY_PERTURB_STOP_FILE"] = str(stop.resolve())
+        os.environ["SGLANG_KV_CANARY_PERTURB_STOP_FILE"] = str(stop)
     os.environ.setdefault("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "100")
     result = {"argv": sys.argv[1:], **which_sglang()}
     if args.what == "correctness":

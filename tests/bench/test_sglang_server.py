@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,6 +175,35 @@ def test_a_run_that_stopped_its_perturbations_for_the_sweep_tail_says_so():
     # A run from before the stop: its row and the page say nothing of it.
     old = report.correctness_row("mha-perturb", {"json": {"perturb": 0.02}, "log": log.splitlines()[0]})
     assert "perturb_stopped_at" not in old and "sweep_tail" not in old and report.tail_notes([old]) == []
+
+
+def test_the_drain_stops_the_perturbations_then_serves_a_tail_the_sweep_reads_the_whole_cache_in(tmp_path, monkeypatch):
+    serve = load("serve")
+    # A pass takes at most pool // slots + (pool + 1) // slots + 1 slices (rows or node visits fill a slice); the
+    # tail covers the first slice's wait, the rest of the pass under way and a whole pass.
+    assert serve.sweep_tail_steps(16384, 4096, 16) == 16 * (2 * 9 + 1) == 304
+    assert serve.sweep_tail_steps(100, 4096, 16) == 16 * 3
+    stop = tmp_path / "stop"
+    monkeypatch.setenv("SGLANG_KV_CANARY_PERTURB_STOP_FILE", str(stop))
+    calls = []
+
+    class Engine:
+        def get_server_info(self):
+            return {"max_total_num_tokens": 16384}
+
+        def generate(self, input_ids, sampling_params):
+            calls.append((input_ids, sampling_params, stop.exists()))
+            return [{"output_ids": [7] * sampling_params["max_new_tokens"]} for _ in input_ids]
+
+    args = SimpleNamespace(perturb=0.02, kv_canary_sweep_interval=16, kv_canary="log", pool_tokens=16384)
+    out = serve.drain(Engine(), args, [[5, 6], [8]], speculative=True)
+    (drain_ids, _, stopped_before), (tail_ids, tail_params, stopped_for_tail) = calls
+    assert drain_ids == [[5, 6, 1], [8, 1]] and not stopped_before and stopped_for_tail
+    assert tail_ids == [[0]] and tail_params["max_new_tokens"] == 304 * 4  # an EAGLE verify makes up to 4 tokens
+    assert out["sweep_tail"] == {"steps": 304, "pool": 16384, "slots": 4096, "interval": 16, "tokens": 1216}
+    calls.clear()
+    assert serve.drain(Engine(), SimpleNamespace(**{**vars(args), "kv_canary_sweep_interval": 0}), [[5]], False) == {}
+    assert len(calls) == 1  # no sweep: the drain alone
 
 
 def lock_release(lock: Path) -> str:
