@@ -19,8 +19,11 @@ Before init has finished (warm-up, graph capture) the inside ops still launch, s
 them, but the device enable flag is 0 and they do nothing; those forwards are not steps.
 
 An EAGLE draft whose worker wires no site and never ends its init (sglang's multi-layer EAGLE worker: one
-draft runner per chain step, its forwards called bare or replayed from graphs) stays disabled: its target
-says so once, at its second step end (``_announce_unchecked_drafts``; docs/runtime.md says why).
+draft runner per chain step, its forwards called bare or replayed from graphs) *follows its target*: the
+target ends its init once the target has served a step, a bracketed forward outside any site plans
+itself as sub-forward 0, and each target step end counts a step of the draft and reads what its passes
+published (``follow_target``, ``follow_step``). What such a chain step checks, and what it cannot check
+soundly: ``plan.py`` (``plan_from_batch``, ``chain``) and docs/runtime.md section 4.
 
 The parts, and who calls whom: docs/architecture.md, "Runtime modules". The production features
 hook in outside the graph: self-test perturbations (``perturb/``, target manager only) and the
@@ -29,7 +32,6 @@ idle-cache sweep (``sweep.py``) at step end.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable, NamedTuple, Optional
 
 from canary_instrument.runtime.errors import CanaryWiringError
@@ -48,14 +50,15 @@ from canary_instrument.runtime.setup.sites import SITE_CONTEXT_TYPES, SiteCache,
 from canary_instrument.runtime.passes.state import CanaryState
 from canary_instrument.runtime.reports.stats import CanaryStats, StatsKeeper, StatsLine
 from canary_instrument.runtime.passes.status import AT, SWA, SWEEP, PublishedWords, allocate_status
-from canary_instrument.runtime.step.steps import StepState
+from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
 from canary_instrument.runtime.reports.swa_divergence import swa_divergence_on_device
 from canary_instrument.runtime.reports.violations import Violation
 
 
 __all__ = ["CanaryManager", "CanaryStats", "SingleForwardManager"]
 
-logger = logging.getLogger("canary_instrument.runtime")
+# A follower's published words are read with no planned bound: its graph replays plan on the device only.
+_UNBOUNDED = 1 << 62
 
 
 class _View(NamedTuple):
@@ -150,7 +153,11 @@ class CanaryManager:
         # An EAGLE target's draft managers, sharing its req_to_token, in install order (install_canary links them;
         # a draft's own link is steps.target, its target's StepState).
         self.drafts: list = []
-        self._drafts_announced = False
+        self.is_chain_step = False  # one of several draft runners on its target (mark_chain_step)
+        self.follows_target = False  # a draft its target drives (follow_target)
+        self._own: Optional[SingleForwardManager] = None  # the sub-forward of a self-planned forward in flight
+        self._forwards_followed = 0  # steps.forwards as of the last follow step
+        self._in_follow = False  # inside follow_step: what is read ran before the target's step just counted
         self._due = 0  # the next step whose end has more to do than read the published words (_next_due)
 
     def _make_sweeper(self, settings: CanarySettings, ops: CanaryOps) -> Any:
@@ -196,19 +203,61 @@ class CanaryManager:
         if self._sampled is not None:
             self._sampled.recording = True  # warm-up samples are not recorded
 
-    def _announce_unchecked_drafts(self) -> None:
-        """At this target's second step end: a draft that has not ended its init by then never will (a draft with
-        sites but no init hook ends it at its first site after the target's first step; one with neither, as
-        sglang's multi-layer EAGLE worker's, never), so its canary stays disabled. Said once per draft, as a
-        warning: those forwards read KV that nothing checks."""
-        self._drafts_announced = True
-        for index, draft in enumerate(self.drafts, start=1):
-            if not draft.init_finished:
-                logger.warning(
-                    "kv canary: draft runner %d on this target ended no init by the target's second step (its worker "
-                    "wires no canary site: sglang's multi-layer EAGLE worker); its canary stays disabled and its "
-                    "forwards are not checked", index,
-                )
+    def mark_chain_step(self) -> None:
+        """This draft runner is one of several on its target: a step of a multi-layer EAGLE chain (install_canary
+        says so when the second one installs, before any graph is captured). Its plans check only what is sound
+        for such a chain (``plan._chain_step``)."""
+        self.is_chain_step = True
+        for sfm in self.single_forward_managers:
+            sfm.chain = True
+
+    def follow_target(self) -> None:
+        """Let the target drive this EAGLE draft from now on: its worker never ended its init and need wire no
+        site (sglang's multi-layer EAGLE worker calls each chain step's draft runner bare and replays its
+        graphs). Called once the target has served a step, so every graph is captured and the engine is
+        serving: init ends here; a bracketed forward outside any site plans itself as sub-forward 0; each of
+        the target's step ends counts a step of this draft and reads what its passes published."""
+        if self.steps.target is None or self.follows_target:
+            return
+        self.follows_target = True
+        if not self.steps.init_finished:
+            self.mark_init_finished()
+        self._forwards_followed = self.steps.forwards
+
+    def follow_step(self) -> None:
+        """The target has ended a step (``CanaryManager.end_step``): end one of this follower's, unless a site of its
+        own ended one since the last (then that one read). Its reports carry the target step before the one just
+        counted, whose forwards (a verify and the draft-extend after it) are the latest that can have published."""
+        steps = self.steps
+        if steps.open is not None or steps.active is not None:
+            return
+        if steps.forwards != self._forwards_followed:
+            self._forwards_followed = steps.forwards
+            return
+        steps.forwards += 1
+        self._forwards_followed = steps.forwards
+        step = steps.end(steps.planned)
+        steps.labels[step % STEPS_REMEMBERED] = max(0, steps.target.step - 1)
+        self._in_follow = True
+        try:
+            self.end_step(None)
+        finally:
+            self._in_follow = False
+
+    def _drive_drafts(self) -> None:
+        """At this target's step end: a draft whose worker never ended its init follows this target from now on,
+        and every follower ends a step. A draft's raise comes after every follower was driven."""
+        failure = None
+        for draft in self.drafts:
+            try:
+                if not draft.follows_target and not draft.init_finished:
+                    draft.follow_target()
+                elif draft.follows_target:
+                    draft.follow_step()
+            except Exception as error:  # noqa: BLE001 - re-raised below, once every draft was driven
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
@@ -257,14 +306,34 @@ class CanaryManager:
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         sfm = self.steps.active
         if sfm is None:
+            if self.steps.target is not None and self.steps.open is None and forward_batch is not None and (
+                    self.follows_target or not self.steps.init_finished):
+                return self._own_pre_ops(input_ids, forward_batch)
             return self._without_active("pre-ops")
         sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
 
     def post_ops_maybe_inside_graph(self) -> None:
         sfm = self.steps.active
         if sfm is None:
+            own = self._own
+            if own is not None:
+                self._own = None
+                own.post_ops_maybe_inside_graph()
+                own.phase = IDLE
+                return None
             return self._without_active("post-ops")
         sfm.post_ops_maybe_inside_graph()
+
+    def _own_pre_ops(self, input_ids: Any, forward_batch: Any) -> None:
+        """A draft's bracketed forward that no site routed: it plans itself as sub-forward 0. Before init, as a
+        capture site would (a graph captured where the worker wires no capture site still records the passes,
+        which do nothing until init); after it, on a follower (its worker calls the draft runner bare)."""
+        sfm = self.single_forward_managers[0]
+        sfm.phase = PLANNED  # also over what a failed forward left
+        self._own = sfm
+        sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
+        if sfm.plan is not None and self.steps.init_finished:
+            self.steps.planned += 1
 
     def _without_active(self, what: str) -> None:
         """A bracketed forward with no active sub-forward: warm-up and capture (nothing to do), else unwired."""
@@ -362,6 +431,8 @@ class CanaryManager:
         violations, it goes on as a due step would."""
         step = self.steps.step
         if step < self._due and self.perturber is None and not self._poll_published():
+            if self.drafts:
+                self._drive_drafts()
             return
         # The reporter counts in the steps reports carry: an EAGLE draft's are its target's (several draft
         # forwards a target step), so its summary interval is one of target steps.
@@ -387,22 +458,23 @@ class CanaryManager:
         snapshots.take_if_due(step, swa_due, stats_due, progress)
         ranks = self._ranks
         self._due = self._next_due(step)
-        if self.drafts and not self._drafts_announced and step >= 2:
-            self._announce_unchecked_drafts()
-        if ranks is None:
-            self._raise_pending()
-        elif step % ranks.interval == 0:
-            last = self.stats()
-            verdict = ranks.exchange(step, last.violations, self.health.unhealthy is not None, last.written)
-            self._raise_pending()
-            verdict.raise_if_bad(self.settings.mode == "raise")
+        try:
+            if ranks is None:
+                self._raise_pending()
+            elif step % ranks.interval == 0:
+                last = self.stats()
+                verdict = ranks.exchange(step, last.violations, self.health.unhealthy is not None, last.written)
+                self._raise_pending()
+                verdict.raise_if_bad(self.settings.mode == "raise")
+        finally:
+            if self.drafts:
+                self._drive_drafts()
 
     def _next_due(self, step: int) -> int:
         """The next step whose end does more than read the published words: the next one while a snapshot is
-        in flight, the reporter holds a summary interval open, a sweep runs or a draft is still to be
-        announced; else the next snapshot, stats, SWA or cross-rank step."""
-        if (self._readback.pending() or self.reporter.interval_open or self.sweeper is not None
-                or (self.drafts and not self._drafts_announced)):
+        in flight, the reporter holds a summary interval open or a sweep runs; else the next snapshot, stats,
+        SWA or cross-rank step. (A target's followers are driven at every step end either way.)"""
+        if self._readback.pending() or self.reporter.interval_open or self.sweeper is not None:
             return step + 1
         interval = self._snapshots.interval
         due = step - step % interval + interval
@@ -416,10 +488,17 @@ class CanaryManager:
 
     def _poll_published(self) -> bool:
         """Read the passes published since the last read; True when that brought violations."""
-        return self.published.poll(self.steps.planned, self._read_published_count)
+        return self.published.poll(_UNBOUNDED if self.follows_target else self.steps.planned,
+                                   self._read_published_count)
 
     def _read_published_count(self, count: int, post_runs: int) -> None:
-        self.reporter.read(count, self.steps.label(self.steps.step_of_pass(post_runs)), None)
+        if self.follows_target:
+            # The host does not know which step a replayed graph's pass ran in: at a follow step, the target step
+            # before the one just counted (the latest whose forwards can have published), else the target's step.
+            label = self.steps.target.step - (1 if self._in_follow else 0)
+        else:
+            label = self.steps.label(self.steps.step_of_pass(post_runs))
+        self.reporter.read(count, label, None)
 
     def _raise_pending(self) -> None:
         self.health.raise_if_unhealthy()

@@ -301,6 +301,31 @@ def test_draft_token_check_against_the_target_rows(device, layout):
     assert hits and hits[0][6] == TOKEN
 
 
+@pytest.mark.parametrize("layout", ["mha", "swa"])
+def test_a_chain_step_s_plan_fields_match(device, layout):
+    """A multi-layer EAGLE chain step's plan (plan.py ``_chain_step``, ``_draft_padding``): rows marked as padding
+    (a negative mark; a prefix below min_prefix, as seq_lens at the fill value gives) neither verify nor write; the
+    prefix's links are not checked; the target comparison covers the last position before the new ones only."""
+    sc = make_scenario(layout, "partial", seed=33, num_reqs=4, max_bs=5, prefix_lens=[14, 9, 11, 12],
+                       extend_lens=[4, 4, 4, 4], token_offset=1, target_margin=0, swa_window=6, max_context=48,
+                       full_slots=160, swa_slots=96)
+    inject(sc, "broken_link", seed=2)
+    inject(sc, "wrong_token", seed=5)
+    full = sc.clone()
+    plan = sc.plan
+    plan.prefix_links = False
+    plan.target_window = 1
+    plan.pad_mark = torch.tensor([1, -1, 2, 1, -1], dtype=torch.int32)  # row 1: padding by its mark
+    plan.prefix_lens = plan.prefix_lens.clone()
+    plan.prefix_lens[3] = -3  # row 3: padding by its length (seq_lens at the fill value 1, minus 4)
+    plan.min_prefix = 0
+    run_both(to_device(sc, device), _ops())
+    assert int(sc.state.counters[3]) < int(full.plan.extend_lens[:4].sum()) * len(sc.state.groups)
+    # The same batch with every row a request, every prefix link and position compared: it reports more.
+    run_both(to_device(full, device), _ops())
+    assert int(full.state.ring_count[0]) > int(sc.state.ring_count[0])
+
+
 def test_ring_stays_bounded_when_violations_outnumber_it(device):
     sc = make_scenario("mha", "none", seed=9, num_reqs=2, max_bs=2, prefix_lens=[20, 20], extend_lens=[0, 0],
                        ring_size=4, share_prefix=False, device=device)

@@ -438,11 +438,19 @@ class ReplayedGraph:
     buffers (the canary passes launched into it by the bracketed forward, which plan from those buffers), then
     replayed with no host call into the manager: the kept launches and the model run again over the refilled
     buffers. The capture runs inside the capture site ``apply`` wires (the active sub-forward only). One graph per
-    batch size, padded
-    with req-pool row 0 and slot 0 like sglang's graph runners."""
+    batch size, padded with slot 0 and, by ``padding``:
 
-    def __init__(self, runner, width: int, sizes=(1, 2)):
-        self.runner, self.width, self.sizes = runner, width, sorted(sizes)
+    - ``"zero"``: req-pool row 0 (sglang's single-layer draft-extend graph, and the multi-layer one from 0.5.20);
+    - ``"stale-marked"``: sglang 0.5.16-0.5.19's multi-layer draft-extend graph (``fill_draft_extend_prepare_buffers
+      _kernel``): a padded row keeps the req-pool index of an earlier replay (a live request's), its ``seq_lens``
+      is the attention backend's fill value (1) and its ``spec_info.num_accept_tokens`` is -1;
+    - ``"stale"``: sglang 0.5.13-0.5.15's: the stale index and the fill value, the accept count stale too."""
+
+    FILL_SEQ_LEN = 1  # get_cuda_graph_seq_len_fill_value() of FlashInfer, FA3, Triton...
+
+    def __init__(self, runner, width: int, sizes=(1, 2), padding: str = "zero"):
+        assert padding in ("zero", "stale-marked", "stale")
+        self.runner, self.width, self.sizes, self.padding = runner, width, sorted(sizes), padding
         dev, n = runner.device, max(sizes)
 
         def buf(count, fill=0):
@@ -451,6 +459,7 @@ class ReplayedGraph:
         self.input_ids, self.positions, self.out_cache_loc = buf(n * width), buf(n * width), buf(n * width)
         self.req_pool_indices, self.seq_lens = buf(n), buf(n, width)
         self.extend_seq_lens = torch.full((n,), width, dtype=torch.int32, device=dev)
+        self.num_accept_tokens = torch.ones((n,), dtype=torch.int32, device=dev)
         manager = runner.canary_manager
         self.launches = {}
         for bs in self.sizes:
@@ -469,14 +478,23 @@ class ReplayedGraph:
         tokens = bs * self.width
         return ForwardBatch(ForwardMode.DRAFT_EXTEND, bs, self.req_pool_indices[:bs], self.seq_lens[:bs],
                             self.input_ids[:tokens], self.positions[:tokens], self.out_cache_loc[:tokens],
-                            extend_seq_lens=self.extend_seq_lens[:bs], num_tokens_per_req=self.width)
+                            extend_seq_lens=self.extend_seq_lens[:bs], num_tokens_per_req=self.width,
+                            spec_info=SimpleNamespace(num_accept_tokens=self.num_accept_tokens[:bs]))
 
     def replay(self, batch: ForwardBatch) -> None:
         raw = batch.batch_size
         bs = self.sizes[bisect.bisect_left(self.sizes, raw)]
-        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices):
+        for buf in (self.input_ids, self.positions, self.out_cache_loc):
             buf.zero_()
-        self.seq_lens.fill_(self.width)
+        if self.padding == "zero":
+            self.req_pool_indices.zero_()
+            self.seq_lens.fill_(self.width)
+        else:
+            self.seq_lens.fill_(self.FILL_SEQ_LEN)
+            if self.padding == "stale-marked":
+                self.num_accept_tokens.fill_(-1)
+        accepted = getattr(batch.spec_info, "num_accept_tokens", None)
+        self.num_accept_tokens[:raw].copy_(accepted if accepted is not None else torch.ones(raw))
         tokens = raw * self.width
         self.input_ids[:tokens].copy_(batch.input_ids)
         self.positions[:tokens].copy_(batch.positions)

@@ -340,9 +340,9 @@ class MultiLayerEagle:
     chain order. The worker wires no canary site and ends no draft runner's init: a draft forward is the runner's
     own ``forward`` (whose site is off on a draft worker) or a replay of the step's draft-extend graph, captured
     through the capture site ``apply`` wires in its graph runner. Chain step s reads the input ids rotated s + 1
-    times."""
+    times. ``padding``: how the graphs pad a batch (``ReplayedGraph``)."""
 
-    def __init__(self, dev, graphs=True, **args):
+    def __init__(self, dev, graphs=True, padding="zero", sizes=(1, 2), **args):
         args = server_args(speculative_num_steps=STEPS, **args)
         self.dev = dev
         self.target = MiniRunner(args, device=dev, size=512, max_context=64)
@@ -350,7 +350,7 @@ class MultiLayerEagle:
                                   req_to_token_pool=self.target.req_to_token_pool) for _ in range(STEPS)]
         self.sched = Scheduler(self.target)
         mark_init_finished(self.target.canary_manager)  # the target's hook; the drafts get none
-        self.graphs = [ReplayedGraph(d, WIDTH) for d in self.drafts] if graphs else None
+        self.graphs = [ReplayedGraph(d, WIDTH, sizes, padding) for d in self.drafts] if graphs else None
 
     @property
     def managers(self):
@@ -409,32 +409,212 @@ class MultiLayerEagle:
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graph-replay", "eager"])
-def test_multi_layer_eagle_draft_runners_stay_disabled_and_are_announced(dev, graphs, canary_log):
-    """sglang's multi-layer EAGLE worker has no canary site and never ends its draft runners' init: their canaries
-    stay disabled (no pass does anything, nothing is reported), the target says so once per draft runner at its
-    second step end, and the target itself is checked as on any EAGLE server."""
+def test_multi_layer_eagle_draft_runners_follow_their_target_and_stay_clean(dev, graphs):
+    """sglang's multi-layer EAGLE worker has no canary site and never ends its draft runners' init: the target ends
+    it at its first step end, and every draft runner is checked from then on, through its graph replays (which the
+    host never sees: its target's step ends read what they published) or its bare forwards (planned by themselves)."""
     e = MultiLayerEagle(dev, graphs=graphs)
     target = e.target.canary_manager
     assert [m.steps.target for m in e.managers] == [target.steps] * STEPS and target.drafts == e.managers
+    assert all(m.is_chain_step for m in e.managers) and not target.is_chain_step
     e.serve(rounds=6)
-    assert not any(m.init_finished for m in e.managers)
+    assert all(m.init_finished and m.follows_target for m in e.managers)
     assert target.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
-    assert all(m.stats().pre_runs == m.stats().written == 0 for m in e.managers)
-    assert target.stats().pre_runs == 1 + 6 and target.stats().written > 0
-    for index in range(1, STEPS + 1):
-        assert canary_log.text.count(f"draft runner {index} on this target ended no init") == 1
+    for m in e.managers:
+        # One forward a target step from the target's first step on (the prefill's draft-extend, then every round's),
+        # each verifying what the last one wrote: their passes ran and were read.
+        stats = m.stats()
+        assert stats.pre_runs == stats.post_runs == 1 + 6, m
+        assert stats.verified > 0 and stats.written == (9 + 6 * 2 * WIDTH) * 2  # both requests' rows, K and V
+        assert m.step == target.step - 1  # a step each target step end after the first
 
 
-def test_a_corrupted_verify_input_is_still_caught_by_the_target_beside_disabled_drafts(dev):
-    """What the multi-layer drafts' canaries would have compared is not checked; the target's own rows still are:
-    a req_to_token entry remapped under a running request is reported by the target's next verify."""
-    e = MultiLayerEagle(dev)
+def test_a_chain_step_s_plans_check_only_what_is_sound_for_the_chain(dev):
+    """What a multi-layer chain step's plan leaves out (docs/runtime.md section 4): the links of the prefix it reads,
+    and the comparison with the target except at the last position before a draft-extend after a verify; a
+    prefill's or chunk's draft-extend compares nothing. A single-layer EAGLE draft keeps the full comparison."""
+    e = MultiLayerEagle(dev, graphs=False)
+    req = e.sched.new_request([1, 2, 3, 4])
+    prefill = e.sched.extend([req])
+    after_verify = dataclasses.replace(prefill, forward_mode=ForwardMode.DRAFT_EXTEND)
+    first, second = e.managers[0].single_forward_managers[0], e.managers[1].single_forward_managers[0]
+    enabled = e.managers[0].enabled
+    plans = {(name, step): plan_from_batch(batch, enabled, draft=True, chain=sfm.chain)
+             for name, batch in (("prefill", prefill), ("draft-extend", after_verify))
+             for step, sfm in (("first", first), ("second", second))}
+    assert {k: (p.prefix_links, p.target_margin, p.target_window) for k, p in plans.items()} == {
+        ("prefill", "first"): (False, -1, 0), ("draft-extend", "first"): (False, 0, 1),
+        ("prefill", "second"): (False, -1, 0), ("draft-extend", "second"): (False, 0, 1)}
+    assert {p.min_prefix for p in plans.values()} == {0}
+    single = Eagle(dev).draft.canary_manager.single_forward_managers[0]
+    assert not single.chain
+    plan = plan_from_batch(after_verify, enabled, draft=True, chain=single.chain)
+    assert (plan.prefix_links, plan.target_margin, plan.target_window) == (True, 0, 0)
+
+
+def _padded_serving(dev, padding):
+    """Two requests served through draft-extend graphs captured at batch size 2 only; then one round of request 0
+    alone (padded to 2: the padded row keeps request 1's req-pool index, live), then both again."""
+    e = MultiLayerEagle(dev, padding=padding, sizes=(2,))
     reqs, _ = e.serve(rounds=2)
-    reqs[0].slots[1] = reqs[1].slots[1]  # the scheduler writes it into req_to_token with the next batch
+    rows_before = [m.state.groups[0].rows[reqs[1].slots[:4]].clone() for m in e.managers]
+    e.round(reqs[:1], [41], [[50, 51, 52]], (1,), [42])
+    last = e.round(reqs, [42, 71], [[53, 54, 55], [80, 81, 82]], (2, 1), [43, 72])
+    e.round(reqs, last, [[56, 57, 58], [83, 84, 85]], (0, 3), [44, 73])
+    return e, reqs, rows_before
+
+
+@pytest.mark.parametrize("padding", ["stale-marked", "stale"])
+def test_padded_draft_extend_rows_with_a_stale_live_index_neither_write_nor_report(dev, padding):
+    """sglang 0.5.17's multi-layer draft-extend graph pads a batch with rows that keep a live request's req-pool index
+    (its buffer fill stores the index for real rows only), seq_lens at the backend's fill value (1) and an accept count
+    of -1 (0.5.13-0.5.15: the stale count). Told apart by the mark and by their negative prefix, they neither write over
+    the live request's rows nor report."""
+    e, reqs, rows_before = _padded_serving(dev, padding)
+    assert e.target.canary_manager.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
+    for m, before in zip(e.managers, rows_before):
+        assert torch.equal(m.state.groups[0].rows[reqs[1].slots[:4]], before)  # request 1's rows of 0..3 intact
+
+
+@pytest.mark.parametrize("padding", ["stale-marked", "stale"])
+def test_planned_as_requests_the_stale_padded_rows_report_what_the_h200_run_did(dev, padding, monkeypatch):
+    """The same serving with padding told by req-pool row 0 only (the follower design of 121a967): the padded row is
+    planned as request 1 with prefix 1 - 4 = -3, whose passes report padding_slot at position -3 (the H200 MTP run's
+    false reports) and write request 1's row of position 0."""
+    from canary_instrument.runtime.step import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "_draft_padding", lambda plan, batch: None)
+    e, reqs, rows_before = _padded_serving(dev, padding)
+    found = [v for m in e.managers for v in m.flush()]
+    assert any("padding_slot" in v.reasons and v.position == -3 and v.req_pool_index == reqs[1].row for v in found)
+    assert not torch.equal(e.managers[0].state.groups[0].rows[reqs[1].slots[:4]], rows_before[0])
+
+
+def test_a_swapped_verify_input_is_caught_by_the_first_chain_step_s_graph(dev):
+    """next_token_swap in a target verify: only the draft's comparison sees it (the verify's own rows are
+    consistent). Chain step 0's draft-extend graph after that verify compares its row of the last position before its
+    new ones with the target's next row, reports the swap at the target's row, labelled with the verify's step, read
+    at the next target step end; later draft-extends compare later positions and say nothing more."""
+    e = MultiLayerEagle(dev)
+    target, first = e.target.canary_manager, e.managers[0]
+    reqs, steps = e.serve(rounds=3, swap_at=1)
+    found = first.flush()
+    assert target.flush() == [] and [m.flush() for m in e.managers[1:]] == [[]] * (STEPS - 1)
+    assert {v.reasons for v in found} == {frozenset({"token"})} and {v.kernel for v in found} == {"pre_forward"}
+    # Round 1 verified [last, drafts] at the cached length n: request 0 kept 2 drafts in round 0 (n = 4 + 1 + 2),
+    # request 1 none (n = 5 + 1); each one's row n got the other's last token (the target's as stored).
+    assert {(v.req_pool_index, v.position, v.stored, v.expected, v.slot) for v in found} == {
+        (reqs[0].row, 7, 70, 40, reqs[0].slots[7]), (reqs[1].row, 6, 40, 70, reqs[1].slots[6])}
+    assert len(found) == 2 * 2  # each once, in its K and V rows
+    assert {v.step for v in found} == {steps[1]}
+
+
+def test_a_follower_s_violation_read_at_flush_carries_the_target_s_step(dev):
+    e = MultiLayerEagle(dev)
+    reqs, steps = e.serve(rounds=2, swap_at=1)  # no target step after the swap's draft-extend
+    found = e.managers[0].flush()
+    assert found and {v.step for v in found} == {steps[1]}
+
+
+def test_a_follower_s_violation_raises_out_of_the_target_s_next_step(dev):
+    e = MultiLayerEagle(dev, kv_canary="raise")
+    with pytest.raises(CanaryViolationError):
+        e.serve(rounds=3, swap_at=1)
+
+
+def test_each_draft_runner_logs_its_own_stats_lines(dev, canary_log):
+    e = MultiLayerEagle(dev, kv_canary_stats_interval=2)
+    e.serve(rounds=6)
+    for m in [e.target.canary_manager, *e.managers]:
+        m.flush()
+    lines = StatsLine.find_all(canary_log.text)
+    # The target: steps 2, 4, 6 of its 7 (a prefill, six rounds); each draft runner: a step at each target step end
+    # after the first (6), its forwards read: one a target step.
+    assert sorted(s.step for s in lines) == [2] * 4 + [4] * 4 + [6] * 4
+    assert all(s.pre_runs == s.step and s.violations == 0 for s in lines)
+
+
+@pytest.mark.parametrize("next_prompt_tail", [False, True], ids=["sampled-tail", "next-prompt-tail"])
+def test_a_chunk_s_draft_tail_from_the_discarded_sample_is_not_reported(dev, next_prompt_tail):
+    """A prompt prefilled in two chunks: the 0.5.17 multi-layer worker ends the first chunk's draft-extend with the
+    chunk's (discarded) sample, not the prompt's next token (its code's TODO "same chunked-prefill chain divergence as
+    PR #26329"). The draft's KV there really differs from the prompt, but that is the worker's own behaviour: no chain
+    step compares a prefill's or chunk's rows with the target, nor re-checks the links of the prefix it reads."""
+    e = MultiLayerEagle(dev)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18]
+    req = e.sched.new_request(prompt[:4])
+    e.extend([req], [99], tails=[prompt[4]] if next_prompt_tail else None)  # chunk 1; the engine discards 99
+    req.tokens = list(prompt)
+    e.extend([req], [20])  # chunk 2
+    last = e.round([req], [20], [[21, 22, 23]], [1], [24])
+    e.round([req], last, [[25, 26, 27]], [3], [28])
+    assert e.target.canary_manager.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
+    assert all(m.stats().verified > 0 for m in e.managers)
+
+
+def test_a_prefix_re_pointed_at_another_request_s_draft_rows_is_not_reported(dev):
+    """Two requests prefill one prompt in chunks that end at different positions (each chunk's draft tail holds its
+    own discarded sample); the prefix cache then re-points request B's first positions at request A's slots (sglang's
+    cache_unfinished_req once A's prefix is in the tree): the target's rows for one prompt are the same, the drafts'
+    differ at A's chunk tail, so B's own row after the re-pointed range no longer chains from the row before it.
+    A chain step does not check the links of the prefix it reads: the rounds that follow stay clean."""
+    e = MultiLayerEagle(dev)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    a, b = e.sched.new_request(prompt[:4]), e.sched.new_request(prompt[:6])
+    e.extend([a, b], [97, 98])  # A's chunk ends at 4, B's at 6: draft tails 97 at A's 3, 98 at B's 5
+    b.slots[:4] = a.slots[:4]  # re-pointed (the scheduler writes it into req_to_token with the next batch)
+    a.tokens, b.tokens = list(prompt), list(prompt)
+    e.extend([a, b], [30, 30])
+    last = e.round([a, b], [30, 30], [[31, 32, 33], [31, 32, 33]], (1, 2), [40, 70])
+    e.round([a, b], last, [[41, 42, 43], [71, 72, 73]], (3, 0), [50, 80])
+    assert e.target.canary_manager.flush() == [] and [m.flush() for m in e.managers] == [[]] * STEPS
+
+
+def test_the_same_re_pointing_breaks_the_draft_s_chain_where_links_would_be_checked(dev, monkeypatch):
+    """Control for the test above: with the prefix links checked (a single-layer draft's plan), request B's draft
+    rows report a link break at position 4, its first own row after A's chunk tail."""
+    from canary_instrument.runtime.step import plan as plan_module
+
+    original = plan_module._chain_step
+
+    def with_links(plan, kind, after_verify):
+        original(plan, kind, after_verify)
+        plan.prefix_links = True
+
+    monkeypatch.setattr(plan_module, "_chain_step", with_links)
+    e = MultiLayerEagle(dev)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    a, b = e.sched.new_request(prompt[:4]), e.sched.new_request(prompt[:6])
+    e.extend([a, b], [97, 98])
+    b.slots[:4] = a.slots[:4]
+    a.tokens, b.tokens = list(prompt), list(prompt)
+    e.extend([a, b], [30, 30])
+    found = e.managers[0].flush()
+    assert found and {v.reasons for v in found} == {frozenset({"link"})}
+    assert {(v.req_pool_index, v.position) for v in found} == {(b.row, 4)}
+
+
+@pytest.mark.parametrize("chain_step", [0, 2])
+def test_a_corrupted_draft_kv_row_is_reported_by_its_chain_step(dev, chain_step):
+    """What a chain step still checks in the prefix it reads: the real KV under each row (fingerprints) and the row's
+    position. A draft KV row overwritten under a live request is reported by that draft runner's next forward."""
+    e = MultiLayerEagle(dev, kv_canary_real_kv="all")
+    reqs, _ = e.serve(rounds=2)
+    draft = e.drafts[chain_step]
+    slot = reqs[0].slots[2]
+    draft.token_to_kv_pool.k_buffer[1][slot] += 1.0  # layer 1's K row of request 0's position 2
+    other = reqs[1].slots[3]
+    rows = draft.canary_manager.state.groups[0].rows
+    rows[other, :3] = rows[reqs[1].slots[1], :3]  # request 1's row of position 3 now holds its position 1's (K half)
     e.round(reqs, [41, 71], [[50, 51, 52], [80, 81, 82]], (1, 1), [42, 72])
-    found = e.target.canary_manager.flush()
-    assert found and {v.req_pool_index for v in found} == {reqs[0].row}
-    assert [m.flush() for m in e.managers] == [[]] * STEPS
+    found = draft.canary_manager.flush()
+    assert e.target.canary_manager.flush() == []
+    assert [m.flush() for i, m in enumerate(e.managers) if i != chain_step] == [[]] * (STEPS - 1)
+    assert {(v.req_pool_index, v.position, v.slot, v.half) for v in found if "fingerprint" in v.reasons} == {
+        (reqs[0].row, 2, slot, "k")}
+    assert {(v.req_pool_index, v.position, v.slot, v.stored, v.expected) for v in found if "position" in v.reasons} == {
+        (reqs[1].row, 3, other, 1, 3)}
+    assert {v.kernel for v in found} == {"pre_forward"}
 
 
 def test_only_the_first_chain_step_is_compared_with_the_target(dev, canary_log):

@@ -54,6 +54,9 @@ IDENTITY_FIELDS = 3
 # PlanInputs.identity: which new position a forward records in the identity table.
 IDENTITY_OFF, IDENTITY_LAST_NEW, IDENTITY_FIRST_NEW = 0, 1, 2
 
+# PlanInputs.min_prefix when no row is told apart by its length (every row with a nonzero req-pool index is real).
+MIN_PREFIX_ANY = -(1 << 62)
+
 # Kernel ids in violation records.
 KERNEL_PRE = 1
 KERNEL_POST = 2
@@ -102,7 +105,9 @@ class PlanInputs:
     ``[prefix, prefix + extend)`` are written, where ``extend = extend_const`` if it is > 0, else
     ``extend_lens[r]``, and ``prefix = prefix_lens[r] - extend`` when ``prefix_is_end`` (the batch
     gives the length after the forward), else ``prefix_lens[r]``. A row whose req-pool index is 0
-    is graph padding (the engine never hands out req-pool row 0) and is skipped.
+    is graph padding (the engine never hands out req-pool row 0) and is skipped; so is a row whose
+    ``pad_mark`` entry is negative or whose prefix is below ``min_prefix`` (graph padding that keeps a
+    stale req-pool index: a draft runner's draft-extend graph, docs/runtime.md section 4).
     """
 
     num_reqs: int  # rows of the batch; inside a CUDA graph the captured (padded) batch size
@@ -117,6 +122,15 @@ class PlanInputs:
     check_sampled: bool = False
     # Draft worker: verify positions p < prefix - margin against the target's token at p + 1; -1 = off.
     target_margin: int = -1
+    # With target_margin >= 0: only the last ``target_window`` of those positions (0 = all of them).
+    target_window: int = 0
+    # Pre-forward: check the link of the verified rows [0, prefix) (the rows written this forward are always
+    # checked by the post-forward pass). Off on a chain step of a multi-layer EAGLE draft (plan.py).
+    prefix_links: bool = True
+    # Graph padding told by the batch itself: rows whose entry here is negative (any int dtype, [>= num_reqs];
+    # None = no mark), and rows whose prefix is below min_prefix.
+    pad_mark: Optional["torch.Tensor"] = None
+    min_prefix: int = MIN_PREFIX_ANY
     # Request identity: IDENTITY_LAST_NEW (extend, decode: every new position is kept), IDENTITY_FIRST_NEW
     # (target verify: only the first is; the rest are draft guesses), IDENTITY_OFF (draft worker).
     identity: int = 0

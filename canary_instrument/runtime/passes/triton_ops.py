@@ -233,11 +233,13 @@ class TritonCanaryOps:
         block = self.block or launch.block
         expected_mode, expected, expected_len, expected_arg = _expected_tokens(state, plan, kernel_name)
         extend = plan.extend_lens if plan.extend_const == 0 else plan.prefix_lens  # unread when constant
+        mark = plan.pad_mark
         args = list(leading) + [
             plan.num_reqs, plan.enabled, plan.req_pool_indices, plan.prefix_lens, extend, plan.extend_const,
             int(plan.prefix_is_end),
+            mark if mark is not None else plan.req_pool_indices, int(mark is not None), plan.min_prefix,
             state.req_to_token, state.req_to_token.stride(0), state.groups[0].rows.shape[0],
-            expected, expected_len, expected_arg,
+            expected, expected_len, expected_arg, plan.target_window, int(plan.prefix_links),
         ]
         # Pre-forward of a target with a sampler: file the last sample into the table first.
         file_samples = kernel_name == "canary_pre_forward" and state.sample_staging is not None
@@ -294,7 +296,7 @@ class TritonCanaryOps:
                 # the rest of the signature is the state's own.
                 signature = (kernel_name, id(state), expected_mode, file_samples, out_loc is None,
                              leading[0].dtype if leading else None, plan.req_pool_indices.dtype,
-                             plan.prefix_lens.dtype, extend.dtype)
+                             plan.prefix_lens.dtype, extend.dtype, None if mark is None else mark.dtype)
                 if signature not in self._compiled:
                     self._compiled.add(signature)
                     compile_plan_widths(kernel, args, grid, options, state.req_to_token.shape[0] - 1)

@@ -148,9 +148,9 @@ class Site:
                 if sfms is None:
                     sfms = self._sfms = listed(self._all, self.listing)
                 if not steps.init_finished and steps.target is not None and steps.target.step:
-                    # A draft whose worker never says its init is over but wires sites: its target has served a
-                    # step, so every graph is captured and this is serving.
-                    manager.mark_init_finished()
+                    # A draft whose worker never says its init is over: its target has served a step, so every
+                    # graph is captured and this is serving (the target's step end normally got here first).
+                    manager.follow_target()
                 steps.open = self
                 try:
                     self._planned = manager.pre_ops_outside_graph(sfms, self.batch) if steps.init_finished else 0

@@ -79,13 +79,17 @@ def draft_token_count(forward_batch: Any) -> int:
     return int(count)
 
 
-def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: bool = False) -> PlanInputs | None:
+def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: bool = False,
+                    chain: bool = False) -> PlanInputs | None:
     """The plan of sub-forward ``index`` over ``forward_batch``, or None for an idle batch (nothing to do).
 
     Host work only (attribute reads); every tensor of the plan is one the batch already holds.
     ``draft``: the runner is an EAGLE draft worker, whose decode step ``index`` may compare its
     rows only below ``prefix - (index + 1)`` with the target's (the bonus token and the chain's
-    own guesses are not in the target's cache yet).
+    own guesses are not in the target's cache yet), and whose graph padding is told by the batch
+    (``_draft_padding``). ``chain``: the draft runner is one step of a multi-layer EAGLE chain
+    (several draft runners on one target), whose rows are only checked where that is sound
+    (``_chain_step``).
     """
     if forward_batch is None:
         raise CanaryWiringError(
@@ -103,7 +107,51 @@ def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: 
         plan.out_cache_loc = getattr(forward_batch, "out_cache_loc", None)
     else:
         plan.identity = IDENTITY_OFF
+        _draft_padding(plan, forward_batch)
+        if chain:
+            after_verify = kind == EXTEND and _is_draft_extend(forward_batch.forward_mode)
+            _chain_step(plan, kind, after_verify)
     return plan
+
+
+def _is_draft_extend(mode: Any) -> bool:
+    """A draft-extend forward (the draft's extend after a target verify), as opposed to a plain extend (a
+    prefill or a chunk of one, which a draft worker also runs over the target's batch)."""
+    for name in ("is_draft_extend_v2", "is_draft_extend"):
+        check = getattr(mode, name, None)
+        if callable(check) and check():
+            return True
+    return False
+
+
+def _draft_padding(plan: PlanInputs, forward_batch: Any) -> None:
+    """Graph padding on a draft runner, told by the batch itself, not by req-pool row 0: sglang's multi-layer
+    draft-extend graph (0.5.13-0.5.19) pads a batch with rows that keep a stale, live req-pool index of an
+    earlier replay (0.5.17: ``fill_draft_extend_prepare_buffers_kernel`` stores the index for real rows only)
+    and whose ``seq_lens`` is the attention backend's fill value (1 on FlashInfer, FA3, Triton). Such a row is
+    marked by its accept count (``spec_info.num_accept_tokens`` = -1, 0.5.16 on; a real row's count is at least
+    1) and by its length: its prefix ``seq_lens - extend_seq_lens`` is negative, which no request's is."""
+    mark = getattr(getattr(forward_batch, "spec_info", None), "num_accept_tokens", None)
+    shape = getattr(mark, "shape", None)
+    if shape is not None and len(shape) == 1 and shape[0] >= plan.num_reqs:
+        plan.pad_mark = mark
+    plan.min_prefix = 0
+
+
+def _chain_step(plan: PlanInputs, kind: str, after_verify: bool) -> None:
+    """A step of a multi-layer EAGLE chain (docs/runtime.md section 4, sglang 0.5.17's
+    ``MultiLayerEagleDraftWorker``): its rows for one prompt differ between requests (a non-final prefill
+    chunk's draft input ends with the chunk's discarded sample), so the links of the prefix it reads are not
+    checked (the prefix cache re-points a request's positions at another request's rows of the same prompt),
+    and the token comparison with the target is made only where a verify's first input lands: the last
+    position before a draft-extend's new ones (a prefill's or chunk's draft-extend compares nothing)."""
+    plan.prefix_links = False
+    if plan.target_margin < 0:
+        return
+    if kind == EXTEND and not after_verify:
+        plan.target_margin = -1
+    else:
+        plan.target_window = 1
 
 
 def _plan(forward_batch: Any, kind: str, enabled: Any, index: int, draft: bool) -> PlanInputs:

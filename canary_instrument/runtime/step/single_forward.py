@@ -32,6 +32,8 @@ class SingleForwardManager:
         self._state = state
         self._enabled = enabled
         self._draft = is_draft
+        # One step of a multi-layer EAGLE chain (CanaryManager.mark_chain_step): checked where that is sound.
+        self.chain = False
         self.phase = IDLE
         # The plan of the forward in flight (pre-ops to post-ops); inside a CUDA graph, the plan
         # captured with the graph's static batch.
@@ -49,7 +51,8 @@ class SingleForwardManager:
         if steps.init_finished:
             self.expect((PLANNED,), "pre-ops inside the graph")
             self.phase = PRE_DONE
-        self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft)
+        self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft,
+                                                 chain=self.chain)
         if plan is not None:
             with self._beside.fork(plan):
                 self.ops.pre_forward(self._state, plan, input_ids)

@@ -291,9 +291,12 @@ def _rotated(ids, new, at=None):
     return out
 
 
-def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_first=False):
+def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_first=False, pad_with=()):
     """A target verify of [last, guesses], then each chain step's bare draft forward over the verified positions in
-    DRAFT_EXTEND_V2 mode (sglang's eager draft-extend: ``draft_runner_list[step].forward``)."""
+    DRAFT_EXTEND_V2 mode (sglang's eager draft-extend: ``draft_runner_list[step].forward``). ``pad_with``: requests
+    whose req-pool rows pad the draft-extend batch the way sglang 0.5.17's draft-extend graph pads its static one
+    (``fill_draft_extend_prepare_buffers_kernel``): the stale index kept, seq_lens at the fill value 1, the accept
+    count -1, ids, positions and slots 0."""
     fm = sg.forward_batch_info
     width = len(guesses[0]) + 1
     ids = [[t] + g for t, g in zip(last, guesses)]
@@ -317,9 +320,15 @@ def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_fir
     for step, draft in enumerate(drafts):
         if step:
             segments = [_rotated(s, 300 + step, at=a) for s, a in zip(segments, accepted)]
-        extend = sched._batch(reqs, fm.ForwardMode.DRAFT_EXTEND_V2, [t for s in segments for t in s], locs,
-                              positions=positions, extend_seq_lens=sched.tensor([width] * len(reqs), torch.int32))
-        extend.seq_lens = sched.tensor([n + width for n in cached])
+        pad, n_pad = [0] * (width * len(pad_with)), len(pad_with)
+        extend = sched._batch(reqs, fm.ForwardMode.DRAFT_EXTEND_V2, [t for s in segments for t in s] + pad,
+                              locs + pad, positions=torch.cat([positions, sched.tensor(pad)]),
+                              extend_seq_lens=sched.tensor([width] * (len(reqs) + n_pad), torch.int32))
+        extend.batch_size = len(reqs) + n_pad
+        extend.req_pool_indices = sched.tensor([r.row for r in [*reqs, *pad_with]])
+        extend.seq_lens = sched.tensor([n + width for n in cached] + [1] * n_pad)
+        extend.spec_info = argparse.Namespace(
+            num_accept_tokens=sched.tensor([a + 1 for a in accepted] + [-1] * n_pad, torch.int32))
         draft.forward(extend)
     for r, n, a in zip(reqs, cached, accepted):
         del r.tokens[n + 1 + a:]
@@ -328,14 +337,7 @@ def _mtp_round(sg, sched, drafts, reqs, last, guesses, accepted, bonus, swap_fir
     return list(bonus)
 
 
-def test_multi_layer_eagle_drafts_on_real_pools_stay_disabled_beside_a_checked_target(sg, server_args, dev, canary_log):
-    """sglang's multi-layer EAGLE worker wires no site for its draft runners and ends none's init: their canaries stay
-    disabled and are announced; the target, on the same real pools, is checked and clean."""
-    target, drafts, sched = _multi_layer_eagle(sg, server_args, dev)
-    managers = [d.canary_manager for d in drafts]
-    assert managers[0].state.target_rows is target.canary_manager.state.groups[0].rows
-    assert [m.state.target_rows for m in managers[1:]] == [None, None]
-    reqs = [sched.new_request([3, 1, 4, 1, 5]), sched.new_request([9, 2, 6, 5, 3, 5])]
+def _mtp_prefill(sched, drafts, reqs):
     prefill = sched.extend(reqs)
     sampled = sched.step(prefill)
     segments = [r.tokens[1:] + [s] for r, s in zip(reqs, sampled)]
@@ -343,15 +345,51 @@ def test_multi_layer_eagle_drafts_on_real_pools_stay_disabled_beside_a_checked_t
         if step:
             segments = [_rotated(s, 300 + step) for s in segments]
         draft.forward(dataclasses.replace(prefill, input_ids=sched.tensor([t for s in segments for t in s])))
-    last = sampled
+    return sampled
+
+
+def test_multi_layer_eagle_drafts_on_real_pools_follow_their_target(sg, server_args, dev):
+    """sglang's multi-layer EAGLE worker wires no site for its draft runners and ends none's init: they follow their
+    target (which ends their init at its first step end), are checked on sglang's real pools, and stay clean; a
+    swapped verify input is caught by the first chain step at the last position before its draft-extend."""
+    target, drafts, sched = _multi_layer_eagle(sg, server_args, dev)
+    managers = [d.canary_manager for d in drafts]
+    assert managers[0].state.target_rows is target.canary_manager.state.groups[0].rows
+    assert [m.state.target_rows for m in managers[1:]] == [None, None] and all(m.is_chain_step for m in managers)
+    reqs = [sched.new_request([3, 1, 4, 1, 5]), sched.new_request([9, 2, 6, 5, 3, 5])]
+    last = _mtp_prefill(sched, drafts, reqs)
     for round_, accepted in enumerate([(1, 0), (3, 2), (0, 0)]):
         last = _mtp_round(sg, sched, drafts, reqs, last, [[20 + round_] * 3, [50 + round_] * 3], accepted,
-                          [40 + round_, 70 + round_])
+                          [40 + round_, 70 + round_], swap_first=round_ == 2)
     sched.step(sched.decode(reqs, last))  # a target step end reads the last draft-extend
+    found = managers[0].flush()
+    assert target.canary_manager.flush() == [] and [m.flush() for m in managers[1:]] == [[], []]
+    assert all(m.follows_target and m.stats().pre_runs == 4 for m in managers)
+    assert all(m.stats().verified > 0 for m in managers)
+    # Round 2's verify (at 5 + 2 + 4 and 6 + 1 + 3 cached positions) got the requests' first inputs (round 1's bonus
+    # tokens) swapped: the first chain step's comparison reports both, in its FULL group (rows kept, no layers) at the
+    # target's row, the target's token as stored, and in its SWA group at its own row of the position before.
+    assert {v.reasons for v in found} == {frozenset({"token"})}
+    assert {(v.group, v.req_pool_index, v.position, v.stored, v.expected) for v in found} == {
+        ("full", reqs[0].row, 11, 71, 41), ("full", reqs[1].row, 10, 41, 71),
+        ("swa", reqs[0].row, 10, 41, 71), ("swa", reqs[1].row, 9, 71, 41)}
+
+
+def test_real_draft_extend_padding_with_a_stale_live_index_is_not_a_request(sg, server_args, dev):
+    """A draft-extend batch padded as sglang 0.5.17's graph pads it: the padded row keeps request 1's live req-pool
+    index, seq_lens 1 and accept count -1. No chain step writes over request 1's rows or reports."""
+    target, drafts, sched = _multi_layer_eagle(sg, server_args, dev)
+    managers = [d.canary_manager for d in drafts]
+    reqs = [sched.new_request([3, 1, 4, 1, 5]), sched.new_request([9, 2, 6, 5, 3, 5])]
+    last = _mtp_prefill(sched, drafts, reqs)
+    last = _mtp_round(sg, sched, drafts, reqs, last, [[20] * 3, [50] * 3], (1, 0), [40, 70])
+    before = [[g.rows[sched.tensor(reqs[1].slots[:2])].clone() for g in m.state.groups] for m in managers]
+    _mtp_round(sg, sched, drafts, reqs[:1], last[:1], [[21] * 3], (2,), [41], pad_with=reqs[1:])
+    last = _mtp_round(sg, sched, drafts, reqs, [41, last[1]], [[22] * 3, [51] * 3], (0, 1), [42, 71])
+    sched.step(sched.decode(reqs, last))
     assert target.canary_manager.flush() == [] and [m.flush() for m in managers] == [[], [], []]
-    assert not any(m.init_finished for m in managers) and all(m.stats().pre_runs == 0 for m in managers)
-    assert target.canary_manager.stats().written > 0
-    assert canary_log.text.count("on this target ended no init") == 3
+    for m, rows in zip(managers, before):
+        assert all(torch.equal(g.rows[sched.tensor(reqs[1].slots[:2])], r) for g, r in zip(m.state.groups, rows))
 
 
 def test_a_batch_the_plan_stream_prepared_is_told_apart(sg, server_args, dev):

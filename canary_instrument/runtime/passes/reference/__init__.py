@@ -22,7 +22,10 @@ Semantics beyond docs/architecture.md, shared by both backends:
 - Counters: [0] pre runs, [1] post runs, [2] entries verified (per group and half, including
   failing ones), [3] rows written by pre-forward; group_verified[g] sums group g's halves.
 - The plan comes from the batch (``PlanInputs``): rows ``r < num_reqs`` whose req-pool index is
-  0 are graph padding and skipped, but their tokens still occupy ``input_ids``.
+  0, whose ``pad_mark`` entry is negative or whose prefix is below ``min_prefix`` are graph padding and
+  skipped, but their tokens still occupy ``input_ids``.
+- ``prefix_links`` off: the pre-forward pass does not check the link of the verified rows (every other
+  field still is; the post-forward pass checks the links of the rows it wrote).
 - Sampled tokens reach ``sampled_tokens`` through ``sample_staging``: every pre-forward pass first
   files the staging entries of the last forward's batch under that forward's rows
   (``sample_rows``), clears them, and leaves its own rows (graph padding rows included).
@@ -31,7 +34,8 @@ Semantics beyond docs/architecture.md, shared by both backends:
   entry (>= 0), and every post-forward pass then clears the entries of its requests that wrote
   anything. With
   ``target_rows`` (draft worker), the pre-forward pass compares each position
-  ``p < prefix - target_margin`` with the token of the target's row of position ``p + 1``
+  ``p < prefix - target_margin`` (only the last ``target_window`` of them when it is > 0) with the token
+  of the target's row of position ``p + 1``
   (slot ``req_to_token[r, p + 1]`` inside ``(0, target slots)``).
 - Request side (FULL group, K half; docs/kernels.md, "Request identity, the write side and freed
   slots"): with ``identity`` and a plan whose ``identity`` is on, the pre-forward pass reports IDENTITY

@@ -22,6 +22,8 @@ class Batch:
     token_base: torch.Tensor  # int64 [n]: first input id of each request (padding rows counted)
     check_sampled: bool
     target_margin: int
+    target_window: int
+    prefix_links: bool
     identity: int
     out_cache_loc: torch.Tensor | None
 
@@ -85,7 +87,9 @@ def batch_of(plan: PlanInputs) -> Batch:
         extend = plan.extend_lens[:n].long()
     prefix = plan.prefix_lens[:n].long() - (extend if plan.prefix_is_end else 0)
     token_base = torch.cumsum(extend, 0) - extend
-    live = req_pool != 0
+    live = (req_pool != 0) & (prefix >= plan.min_prefix)
+    if plan.pad_mark is not None:
+        live = live & (plan.pad_mark[:n].long() >= 0)
     return Batch(
         num_reqs=int(live.sum()),
         req_pool=req_pool[live],
@@ -94,6 +98,8 @@ def batch_of(plan: PlanInputs) -> Batch:
         token_base=token_base[live],
         check_sampled=plan.check_sampled,
         target_margin=plan.target_margin,
+        target_window=plan.target_window,
+        prefix_links=plan.prefix_links,
         identity=plan.identity,
         out_cache_loc=plan.out_cache_loc,
     )

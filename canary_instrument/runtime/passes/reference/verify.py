@@ -36,8 +36,11 @@ def expected_tokens(state: CanaryState, kernel_id: int, batch: Batch, req: torch
     if kernel_id == KERNEL_POST and state.sampled_tokens is not None and batch.check_sampled:
         sampled = state.sampled_tokens[req_pool].long()
         return torch.where(pos == batch.prefix[req], sampled, none)
-    if kernel_id == KERNEL_PRE and state.target_rows is not None:
-        due = pos < batch.prefix[req] - batch.target_margin
+    if kernel_id == KERNEL_PRE and state.target_rows is not None and batch.target_margin >= 0:
+        end = batch.prefix[req] - batch.target_margin
+        due = pos < end
+        if batch.target_window > 0:
+            due = due & (pos >= end - batch.target_window)
         col = (pos + 1).clamp(max=state.req_to_token.shape[1] - 1)
         raw = state.req_to_token[req_pool, col].long()
         ok = due & (raw > 0) & (raw < state.target_rows.shape[0])
@@ -58,6 +61,8 @@ def verify(state: CanaryState, group: CanaryGroup, kernel_id: int, batch: Batch,
     expected_link = incoming_link(state, group, req_pool, pos)
     lo = window_lo[req]
     check_link = ~((pos == lo) & (lo > 0)) if group.group == GROUP_SWA else torch.ones_like(ok)
+    if kernel_id == KERNEL_PRE and not batch.prefix_links:
+        check_link = torch.zeros_like(ok)
     bad_link = ok & check_link & (row[:, 2] != expected_link)
 
     nwords = fingerprint_words(state, group)
