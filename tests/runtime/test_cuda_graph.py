@@ -7,7 +7,6 @@ import torch
 
 from canary_instrument.runtime import CanaryHealthError, mark_init_finished
 from canary_instrument.runtime.setup import instance_wrap
-from canary_instrument.runtime.step import beside
 
 from .mini_engine import GraphRunner, MiniRunner, Scheduler, draft_step_batches, server_args
 
@@ -148,20 +147,19 @@ def test_replayed_decode_checks_the_sampled_tokens():
 
 class _SlowPrePass:
     """The canary's ops with a pre pass that first spins the GPU; each forward's (kind, pre pass stream, post
-    pass stream, requests) noted."""
+    pass stream) noted."""
 
     def __init__(self, ops):
         self._ops, self.forwards, self._pre = ops, [], None
         self.name = ops.name
 
     def pre_forward(self, state, plan, input_ids):
-        self._pre = (plan.extend_const, torch.cuda.current_stream(), plan.num_reqs)
+        self._pre = (plan.extend_const, torch.cuda.current_stream())
         torch.cuda._sleep(2_000_000)  # ~1 ms: longer than the mini model's forward
         self._ops.pre_forward(state, plan, input_ids)
 
     def post_forward(self, state, plan):
-        const, pre, reqs = self._pre
-        self.forwards.append((const, pre, torch.cuda.current_stream(), reqs))
+        self.forwards.append((*self._pre, torch.cuda.current_stream()))
         self._ops.post_forward(state, plan)
 
     def __getattr__(self, name):
@@ -186,27 +184,7 @@ def test_a_decode_s_pre_pass_runs_beside_its_forward_and_lands_before_the_post_p
     assert rows[reqs[0].slots[-1], :2].tolist() == [42, len(reqs[0].slots) - 1]
     # An extend's pre pass is enqueued on its forward's stream (the post pass's); a decode's, eager in warm-up
     # or captured, on another one.
-    extends = [pre == post for const, pre, post, _ in slow.forwards if const == 0]
-    decodes = [pre != post for const, pre, post, _ in slow.forwards if const > 0]
+    extends = [pre == post for const, pre, post in slow.forwards if const == 0]
+    decodes = [pre != post for const, pre, post in slow.forwards if const > 0]
     assert extends and all(extends)
     assert decodes and all(decodes)
-
-
-def test_a_large_decode_batch_s_pre_pass_stays_in_line(monkeypatch):
-    monkeypatch.setattr(beside, "BESIDE_MAX_REQS", 1)
-    runner = MiniRunner(server_args(), device="cuda", max_reqs=8)
-    manager = runner.canary_manager
-    manager.ops = slow = _SlowPrePass(manager.ops)
-    graphs = GraphRunner(runner)
-    mark_init_finished(manager)
-    sched = Scheduler(runner)
-    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
-    runner.forward(sched.extend(reqs))
-    for i in range(2):
-        _replay_decode(runner, graphs, sched.decode(reqs, [40 + i, 50 + i]))
-    assert manager.flush() == []
-    assert manager.stats().tokens_protected == 5 + 2 * 2
-    # Two requests, over the (patched) limit of one: every pre pass on its post pass's stream.
-    decodes = [(n, pre == post) for const, pre, post, n in slow.forwards if const > 0]
-    assert any(n > 1 for n, _ in decodes)
-    assert all(same for n, same in decodes if n > 1)

@@ -9,11 +9,6 @@ its dependency chain, not its bandwidth, sets its time (docs/kernels.md, "A deco
 CUDA graph capture the fork and the join are recorded as the graph's edges (torch's multi-stream capture), so a
 replay runs them with no host work.
 
-Only a small batch's pre pass goes beside (``BESIDE_MAX_REQS`` requests at most): beside a stand-in Llama-3-8B
-decode forward, the pass beside adds about half what it adds in line at 1 and 8 requests, and about twice as
-much at 64, whatever its grid (bench/kernels/RESULTS.md, "The passes beside a decode forward"): a large
-batch's pass, starved by the forward's kernels, lands late and the post pass waits for it.
-
 An extend keeps its pre pass in line: sglang may capture it piecewise (torch.compile), where a fork made in one
 piece's graph cannot join in another's; so does any forward traced by torch.compile, and every forward off
 CUDA (the torch reference has no streams). A pre pass that finds a violation reports it as in line: the
@@ -24,8 +19,6 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from typing import Any, ContextManager
-
-BESIDE_MAX_REQS = 16  # requests of the largest batch whose pre pass runs beside its forward
 
 
 class Beside:
@@ -39,7 +32,7 @@ class Beside:
 
     def fork(self, plan: Any) -> ContextManager:
         """A context in which the pre pass of ``plan``'s forward is enqueued: beside it, or in line."""
-        if self._stream is None or plan.extend_const <= 0 or plan.num_reqs > BESIDE_MAX_REQS:
+        if self._stream is None or plan.extend_const <= 0:
             return nullcontext()
         import torch
 
