@@ -292,9 +292,7 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
                    f"{r['forwards']} | {r['decode_steps']} | {r['requests']} | {r['generated_tokens']} | "
                    f"{r['cached_tokens']} | {r['installed_lines']} | {r['stats_lines']} | {r['violation_lines']} |")
     out += ["", "## Self-test perturbations (every kind armed at rate 0.02, sweep every 16 steps)", "",
-            "Delays are in target steps. The H200 `attrib` archive ran before the draft's reports carried their "
-            "target's step numbers: there, EAGLE's `next_token_swap` delays count the draft's own forwards "
-            "(several per target verify).", "",
+            "Delays are in target steps (a draft's reports carry its target's step).", "",
             "A `real_kv_unused_cache` flip whose cache entry was evicted before any request held it is *evicted "
             "unread* (runs since the runtime logs it: a `kv_canary_perturb_left_cache=` line; earlier runs count it "
             "as missed); the share reported is over the other injections, the readable ones.", "",
@@ -564,7 +562,9 @@ def bugs_markdown(suites: dict) -> list[str]:
         out += ["", "### The corpus: ours, sglang's own canary, and sglang alone", "",
                 "Every bug's three engines at once: `corpus1` and `corpus2` on MHA, 1500 planned decode steps; `corpus3` "
                 "on the layout or feature each bug needs (SWA on gpt-oss, EAGLE, MHA with HiCache), 1000; `corpus4` the "
-                "radix cache's eviction and insert bugs on MHA with a 4096-token pool (the cache evicts in every wave), "
+                "radix cache's eviction and insert bugs on MHA with a 4096-token pool: the eviction bug under `serve.py "
+                "evict` (a running request's locked prompt node under a cache filled to 1920 free slots, then a prefill "
+                "that must evict), the insert bug under the correctness workload (the cache evicts in every wave), "
                 "1500. A bug served by two suites shows the later one's runs.", "",
                 "| bug | what it breaks | ours | sglang's own canary | canary off (sglang alone) |", "|---|---|---|---|---|"]
         for bug, what in BUG_NAMES.items():
