@@ -133,6 +133,21 @@ def test_cost_pairs_the_decode_lines_of_the_same_steps():
     assert row["ours"]["step_ms"] == pytest.approx(8.0 * 1.010101, abs=1e-3)
 
 
+def test_the_cost_bar_is_judged_on_the_faster_engine_of_each_way():
+    tokens = [100, 200, 300]
+    off = run(cost_log([1000.0] * 3, tokens))
+    slow_off = run(cost_log([800.0] * 3, tokens))  # a second canary-off engine in a slower mode: +25 %
+    ours = run(cost_log([800.0] * 3, tokens))  # ours landed in that mode too
+    ours_again = run(cost_log([998.0] * 3, tokens))  # the same canary on a normal engine: +0.2 %
+    (alone,) = report.cost_table({"off": off, "ours": ours})
+    assert alone["verdict_pct"] == pytest.approx(25.0)
+    (row,) = report.cost_table({"off": off, "ours": ours, "off-again": slow_off, "ours-again": ours_again})
+    assert row["verdict_pct"] == pytest.approx(0.2, abs=1e-3)
+    # Both offs slow but one: ours is judged against the fast one, not the slow one.
+    (row,) = report.cost_table({"off": slow_off, "ours": ours, "off-again": off, "ours-again": ours})
+    assert row["verdict_pct"] == pytest.approx(25.0, abs=1e-3)
+
+
 def test_cost_refuses_lines_that_cover_other_steps():
     off = run(cost_log([1000.0, 1000.0], [100, 200]))
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
