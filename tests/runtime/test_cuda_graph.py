@@ -68,7 +68,8 @@ def test_replay_catches_faults(fault):
 
 
 def test_graph_captured_without_the_canary_fails_the_health_check():
-    # A tagged snapshot every step, so three steps are enough for the check to come back.
+    # A tagged snapshot every step, so a few steps are enough for the check to come back; each step waits for
+    # the device, so the snapshot a step end takes has landed by the next (under load it can lag otherwise).
     runner = MiniRunner(server_args(kv_canary_readback_interval=1), device="cuda", max_reqs=8)
     sched = Scheduler(runner)
     manager = runner.canary_manager
@@ -81,9 +82,10 @@ def test_graph_captured_without_the_canary_fails_the_health_check():
         model_only(static.input_ids, static.positions, static)
     mark_init_finished(manager)
     with pytest.raises(CanaryHealthError):
-        for _ in range(3):
+        for _ in range(4):
             with runner.canary_ctx(static, outside=[0], active=0):
                 graph.replay()
+            torch.cuda.synchronize()
 
 
 def test_multi_step_draft_graph_replays_each_sub_forward():
