@@ -109,6 +109,21 @@ BUGS = {
         "    new_seq_lens = batch.seq_lens + torch.clamp(accept_lens + 1, max=num_draft_tokens)\n",
         "EAGLE verify commits one token more than it accepted",
     ),
+    # EAGLE free: when a request finishes (or is retracted), the release of its over-allocated verify window starts
+    # one slot early, at its last committed position. EAGLE's radix keys are bigrams, so the insert keeps every
+    # committed slot but that last one, which cache_finished_req has just freed itself: that slot is freed twice
+    # and sits twice on the free list, and the next allocations hand it to two owners (two requests, or two
+    # positions of one). Only a request with an over-allocated tail reaches the line (speculative decoding, or the
+    # thinking strip), so serving without either is untouched; the free count grows by one a request, which
+    # sglang's idle leak check sees.
+    "eagle_release_one_early": Bug(
+        "mem_cache/common.py",
+        "        indices_to_free = tree_cache.req_to_token_pool.req_to_token[req.req_pool_idx][\n"
+        "            start_p:end_p\n        ]\n",
+        "        indices_to_free = tree_cache.req_to_token_pool.req_to_token[req.req_pool_idx][\n"
+        "            start_p - 1 : end_p\n        ]\n",
+        "EAGLE release frees the over-allocated tail from the last committed slot (freed twice)",
+    ),
     # HiCache host transfer: a load back from the host tier writes the KV into the new device slots in reverse
     # order, while the tree records them in order: every loaded prefix is read at the wrong positions.
     "hicache_load_reversed": Bug(
