@@ -10,19 +10,13 @@ Served on a GPU: not yet (``gpu.sh corpus4``).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.bench.test_sglang_server import HERE, bundle, load
+from tests.bench.release_with_bug import release_with_bug, replay as run_replay
+from tests.bench.test_sglang_server import HERE, load
 
-REPO = Path(__file__).resolve().parents[2]
 BUG = "radix_evict_locked_parent"
 
 
@@ -53,45 +47,11 @@ def test_gpu_sh_serves_the_bug_with_the_evict_workload():
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    """sglang 0.5.17's package from the wheel gpu.sh serves (bundle.py's pin and cache), its copy with the bug,
-    and the folder of the packages its memory-cache modules import (the real-class tests' cache)."""
-    from tests.runtime.real_sglang import sglang_site
-
-    pins, _ = bundle.read_lock(bundle.lock_file("0.5.17"))
-    name = next(n for n in pins if n.startswith("sglang-0.5.17-"))
-    cache = Path.home() / ".cache" / "canary-instrument" / "sglang-server-wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    try:
-        wheel = bundle.fetch(name, pins[name], cache)
-        folders = sglang_site.ensure_site()
-    except (subprocess.CalledProcessError, sglang_site.IndexUnreachable) as unreachable:
-        pytest.skip(f"sglang 0.5.17's wheel or the test packages cannot be fetched: {unreachable}")
-    release = sglang_site.cache_root() / f"wheel-{pins[name][:12]}"
-    if not (release / "sglang").is_dir():  # unpacked once, appearing whole or not at all
-        partial = release.with_name(f"{release.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(partial, [n for n in zf.namelist() if n.startswith("sglang/")])
-        try:
-            os.replace(partial, release)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(partial, ignore_errors=True)
-    bugs = load("bugs")
-    buggy = tmp_path_factory.mktemp("bug") / "sglang"
-    shutil.copytree(release / "sglang", buggy, copy_function=os.symlink)
-    edited = buggy / "srt" / bugs.BUGS[BUG].path
-    text = edited.read_text()
-    edited.unlink()  # a file of its own, not the link into the release
-    edited.write_text(text)
-    bugs.apply(buggy, BUG)
-    return release, buggy.parent, folders[1]
+    return release_with_bug(tmp_path_factory, BUG)
 
 
 def replay(parent: Path, deps: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "tests/bench/evict_replay.py"), str(parent), str(deps)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_replay("evict_replay.py", parent, deps)
     assert out["radix_cache"].startswith(str(parent))
     return out
 
