@@ -90,11 +90,7 @@ class CompressedRadixCache:
             node = node.parent
 
     def nodes(self):
-        stack = list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return descendants(self.root_node)
 
     def evict_leaf(self, node: TreeNode) -> list[int]:
         if node.children or node.lock_ref:
@@ -122,6 +118,15 @@ class CompressedRadixCache:
             last = slots[-1] if slots else -1
             stack.extend((c, depth + len(node.key), last) for c in node.children.values())
         return out
+
+
+def descendants(root):
+    """Every node under ``root`` (not ``root`` itself), depth first."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -222,11 +227,7 @@ class UnifiedCore:
         return new
 
     def nodes(self):
-        stack = list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return descendants(self.root_node)
 
     def lock(self, node: UnifiedNode, delta: int = 1) -> None:
         while node is not self.root_node:
