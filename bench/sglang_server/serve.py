@@ -166,12 +166,19 @@ def sweep_tail_steps(pool: int, slots: int, interval: int) -> int:
 
 
 def sweep_slots() -> int:
-    """The sweep's slice size as the scheduler reads it (the canary's settings: a variable, else its default)."""
-    try:
-        from canary_instrument.runtime.setup.settings import load_settings
-    except ImportError:  # the runtime is not importable here: its documented default
-        return int(os.environ.get("KV_CANARY_SWEEP_SLOTS") or os.environ.get("SGLANG_KV_CANARY_SWEEP_SLOTS") or 4096)
+    """The sweep's slice size as the scheduler reads it (the canary's settings: a variable, else its default).
+    Asked only where ours serves, so the runtime is on the path."""
+    from canary_instrument.runtime.setup.settings import load_settings
+
     return load_settings().sweep_slots
+
+
+def pool_size(engine, asked: int) -> int:
+    """The scheduler's own KV pool size (``max_total_tokens``, which the engine may have lowered), else ``asked``."""
+    try:
+        return int(engine.get_server_info()["max_total_num_tokens"])
+    except Exception:  # noqa: BLE001 - an engine that does not say: the size asked for
+        return asked
 
 
 def drain(engine, args, prefixes: list, speculative: bool) -> dict:
@@ -185,10 +192,7 @@ def drain(engine, args, prefixes: list, speculative: bool) -> dict:
     stop = os.environ.get("SGLANG_KV_CANARY_PERTURB_STOP_FILE")
     if not (args.perturb and stop and args.kv_canary_sweep_interval and args.kv_canary != "none"):
         return {}
-    try:  # the scheduler's own pool size (max_total_tokens, which the engine may have lowered)
-        pool = int(engine.get_server_info()["max_total_num_tokens"])
-    except Exception:  # noqa: BLE001 - an engine that does not say: the size asked for
-        pool = args.pool_tokens
+    pool = pool_size(engine, args.pool_tokens)
     slots = sweep_slots()
     steps = sweep_tail_steps(pool, slots, args.kv_canary_sweep_interval)
     # The engine is idle here (generate returned): no forward runs between the drain and the stop.
@@ -371,10 +375,7 @@ def evict(args) -> dict:
     t0 = time.perf_counter()
     engine = sglang.Engine(**kw)
     started = time.perf_counter() - t0
-    try:  # the scheduler's own pool size (max_total_tokens, which the engine may have lowered)
-        pool = int(engine.get_server_info()["max_total_num_tokens"])
-    except Exception:  # noqa: BLE001 - an engine that does not say: the size asked for
-        pool = args.pool_tokens
+    pool = pool_size(engine, args.pool_tokens)
     plan = evict_plan(pool, chunk, args.seed)
     marks: dict = {}
 

@@ -53,10 +53,15 @@ def forward_kind(forward_batch: Any) -> str:
 _KINDS: dict = {}  # mode type -> {mode -> kind}: the mode methods cost more host time than a lookup
 
 
+def _mode_is(mode: Any, name: str) -> bool:
+    """``mode.<name>()``, False where the mode has no such method (engines' modes differ by release)."""
+    check = getattr(mode, name, None)
+    return bool(check()) if callable(check) else False
+
+
 def _kind_of(mode: Any) -> str:
     def is_(name: str) -> bool:
-        check = getattr(mode, name, None)
-        return bool(check()) if callable(check) else False
+        return _mode_is(mode, name)
 
     if is_("is_idle"):
         return IDLE
@@ -117,11 +122,7 @@ def plan_from_batch(forward_batch: Any, enabled: Any, *, index: int = 0, draft: 
 def _is_draft_extend(mode: Any) -> bool:
     """A draft-extend forward (the draft's extend after a target verify), as opposed to a plain extend (a
     prefill or a chunk of one, which a draft worker also runs over the target's batch)."""
-    for name in ("is_draft_extend_v2", "is_draft_extend"):
-        check = getattr(mode, name, None)
-        if callable(check) and check():
-            return True
-    return False
+    return _mode_is(mode, "is_draft_extend_v2") or _mode_is(mode, "is_draft_extend")
 
 
 def _draft_padding(plan: PlanInputs, forward_batch: Any) -> None:

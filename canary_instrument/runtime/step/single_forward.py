@@ -52,7 +52,7 @@ class SingleForwardManager:
             self.expect((PLANNED,), "pre-ops inside the graph")
             self.phase = PRE_DONE
         self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft,
-                                                 chain=self.chain)
+                                           chain=self.chain)
         if plan is not None:
             with self._beside.fork(plan):
                 self.ops.pre_forward(self._state, plan, input_ids)
