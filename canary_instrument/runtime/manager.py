@@ -20,10 +20,7 @@ them, but the device enable flag is 0 and they do nothing; those forwards are no
 
 An EAGLE draft whose worker wires no site and never ends its init (sglang's multi-layer EAGLE worker: one
 draft runner per chain step, its forwards called bare or replayed from graphs) *follows its target*: the
-target ends its init once the target has served a step, a bracketed forward outside any site plans
-itself as sub-forward 0, and each target step end counts a step of the draft and reads what its passes
-published (``follow_target``, ``follow_step``). What such a chain step checks, and what it cannot check
-soundly: ``plan.py`` (``plan_from_batch``, ``chain``) and docs/runtime.md section 4.
+target's step end drives it (``follower.py``: its init, its own forwards, its steps and what it reads).
 
 The parts, and who calls whom: docs/architecture.md, "Runtime modules". The production features
 hook in outside the graph: self-test perturbations (``perturb/``, target manager only) and the
@@ -38,6 +35,7 @@ from canary_instrument.runtime.errors import CanaryWiringError
 from canary_instrument.runtime.checks.health import HealthCheck
 from canary_instrument.runtime.passes.ops import CanaryOps
 from canary_instrument.runtime.step.beside import Beside
+from canary_instrument.runtime.step.follower import UNBOUNDED, Follower, drive
 from canary_instrument.runtime.step.plan import IDLE as IDLE_BATCH
 from canary_instrument.runtime.step.plan import forward_kind
 from canary_instrument.runtime.reports.readback import DelayedReadback
@@ -50,15 +48,12 @@ from canary_instrument.runtime.setup.sites import SITE_CONTEXT_TYPES, SiteCache,
 from canary_instrument.runtime.passes.state import CanaryState
 from canary_instrument.runtime.reports.stats import CanaryStats, StatsKeeper, StatsLine
 from canary_instrument.runtime.passes.status import AT, SWA, SWEEP, PublishedWords, allocate_status
-from canary_instrument.runtime.step.steps import STEPS_REMEMBERED, StepState
+from canary_instrument.runtime.step.steps import StepState
 from canary_instrument.runtime.reports.swa_divergence import swa_divergence_on_device
 from canary_instrument.runtime.reports.violations import Violation
 
 
 __all__ = ["CanaryManager", "CanaryStats", "SingleForwardManager"]
-
-# A follower's published words are read with no planned bound: its graph replays plan on the device only.
-_UNBOUNDED = 1 << 62
 
 
 class _View(NamedTuple):
@@ -154,10 +149,8 @@ class CanaryManager:
         # a draft's own link is steps.target, its target's StepState).
         self.drafts: list = []
         self.is_chain_step = False  # one of several draft runners on its target (mark_chain_step)
-        self.follows_target = False  # a draft its target drives (follow_target)
-        self._own: Optional[SingleForwardManager] = None  # the sub-forward of a self-planned forward in flight
-        self._forwards_followed = 0  # steps.forwards as of the last follow step
-        self._in_follow = False  # inside follow_step: what is read ran before the target's step just counted
+        # An EAGLE draft's following of its target (step/follower.py; idle on a manager with no target).
+        self.follower = Follower(self, self.steps, self.single_forward_managers[0])
         self._due = 0  # the next step whose end has more to do than read the published words (_next_due)
 
     def _make_sweeper(self, settings: CanarySettings, ops: CanaryOps) -> Any:
@@ -214,50 +207,13 @@ class CanaryManager:
     def follow_target(self) -> None:
         """Let the target drive this EAGLE draft from now on: its worker never ended its init and need wire no
         site (sglang's multi-layer EAGLE worker calls each chain step's draft runner bare and replays its
-        graphs). Called once the target has served a step, so every graph is captured and the engine is
-        serving: init ends here; a bracketed forward outside any site plans itself as sub-forward 0; each of
-        the target's step ends counts a step of this draft and reads what its passes published."""
-        if self.steps.target is None or self.follows_target:
-            return
-        self.follows_target = True
-        if not self.steps.init_finished:
-            self.mark_init_finished()
-        self._forwards_followed = self.steps.forwards
+        graphs). Called once the target has served a step; init ends here (``follower.Follower.start``)."""
+        self.follower.start()
 
-    def follow_step(self) -> None:
-        """The target has ended a step (``CanaryManager.end_step``): end one of this follower's, unless a site of its
-        own ended one since the last (then that one read). Its reports carry the target step before the one just
-        counted, whose forwards (a verify and the draft-extend after it) are the latest that can have published."""
-        steps = self.steps
-        if steps.open is not None or steps.active is not None:
-            return
-        if steps.forwards != self._forwards_followed:
-            self._forwards_followed = steps.forwards
-            return
-        steps.forwards += 1
-        self._forwards_followed = steps.forwards
-        step = steps.end(steps.planned)
-        steps.labels[step % STEPS_REMEMBERED] = max(0, steps.target.step - 1)
-        self._in_follow = True
-        try:
-            self.end_step(None)
-        finally:
-            self._in_follow = False
-
-    def _drive_drafts(self) -> None:
-        """At this target's step end: a draft whose worker never ended its init follows this target from now on,
-        and every follower ends a step. A draft's raise comes after every follower was driven."""
-        failure = None
-        for draft in self.drafts:
-            try:
-                if not draft.follows_target and not draft.init_finished:
-                    draft.follow_target()
-                elif draft.follows_target:
-                    draft.follow_step()
-            except Exception as error:  # noqa: BLE001 - re-raised below, once every draft was driven
-                failure = failure or error
-        if failure is not None:
-            raise failure
+    @property
+    def follows_target(self) -> bool:
+        """Whether the target drives this draft (``follow_target``)."""
+        return self.follower.following
 
     def per_forward_workspace_bytes(self) -> int:
         """Device bytes the per-forward passes use besides the canary rows: the enable flag, the
@@ -306,34 +262,18 @@ class CanaryManager:
     def pre_ops_maybe_inside_graph(self, input_ids: Any, forward_batch: Any) -> None:
         sfm = self.steps.active
         if sfm is None:
-            if self.steps.target is not None and self.steps.open is None and forward_batch is not None and (
-                    self.follows_target or not self.steps.init_finished):
-                return self._own_pre_ops(input_ids, forward_batch)
+            if self.follower.owns(forward_batch):  # a draft's forward that no site routed
+                return self.follower.pre_ops(input_ids, forward_batch)
             return self._without_active("pre-ops")
         sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
 
     def post_ops_maybe_inside_graph(self) -> None:
         sfm = self.steps.active
         if sfm is None:
-            own = self._own
-            if own is not None:
-                self._own = None
-                own.post_ops_maybe_inside_graph()
-                own.phase = IDLE
-                return None
+            if self.follower.own is not None:
+                return self.follower.post_ops()
             return self._without_active("post-ops")
         sfm.post_ops_maybe_inside_graph()
-
-    def _own_pre_ops(self, input_ids: Any, forward_batch: Any) -> None:
-        """A draft's bracketed forward that no site routed: it plans itself as sub-forward 0. Before init, as a
-        capture site would (a graph captured where the worker wires no capture site still records the passes,
-        which do nothing until init); after it, on a follower (its worker calls the draft runner bare)."""
-        sfm = self.single_forward_managers[0]
-        sfm.phase = PLANNED  # also over what a failed forward left
-        self._own = sfm
-        sfm.pre_ops_maybe_inside_graph(input_ids, forward_batch)
-        if sfm.plan is not None and self.steps.init_finished:
-            self.steps.planned += 1
 
     def _without_active(self, what: str) -> None:
         """A bracketed forward with no active sub-forward: warm-up and capture (nothing to do), else unwired."""
@@ -432,7 +372,7 @@ class CanaryManager:
         step = self.steps.step
         if step < self._due and self.perturber is None and not self._poll_published():
             if self.drafts:
-                self._drive_drafts()
+                drive(self.drafts)
             return
         # The reporter counts in the steps reports carry: an EAGLE draft's are its target's (several draft
         # forwards a target step), so its summary interval is one of target steps.
@@ -468,7 +408,7 @@ class CanaryManager:
                 verdict.raise_if_bad(self.settings.mode == "raise")
         finally:
             if self.drafts:
-                self._drive_drafts()
+                drive(self.drafts)
 
     def _next_due(self, step: int) -> int:
         """The next step whose end does more than read the published words: the next one while a snapshot is
@@ -488,14 +428,12 @@ class CanaryManager:
 
     def _poll_published(self) -> bool:
         """Read the passes published since the last read; True when that brought violations."""
-        return self.published.poll(_UNBOUNDED if self.follows_target else self.steps.planned,
+        return self.published.poll(UNBOUNDED if self.follower.following else self.steps.planned,
                                    self._read_published_count)
 
     def _read_published_count(self, count: int, post_runs: int) -> None:
-        if self.follows_target:
-            # The host does not know which step a replayed graph's pass ran in: at a follow step, the target step
-            # before the one just counted (the latest whose forwards can have published), else the target's step.
-            label = self.steps.target.step - (1 if self._in_follow else 0)
+        if self.follower.following:
+            label = self.follower.label()  # a replayed graph's pass: the step is the target's (Follower.label)
         else:
             label = self.steps.label(self.steps.step_of_pass(post_runs))
         self.reporter.read(count, label, None)

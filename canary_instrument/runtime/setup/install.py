@@ -128,7 +128,7 @@ def install_canary(*, server_args: Any, model_runner: Any, environ: Optional[Map
     manager.request_side = side
     if target is not None:
         manager.steps.target = target.steps  # a draft's reports carry its target's step numbers
-        target.drafts.append(manager)  # the target drives a draft that never ends its init (manager.py)
+        target.drafts.append(manager)  # the target drives a draft that never ends its init (step/follower.py)
         if len(target.drafts) > 1:
             # Several draft runners on one target: the steps of a multi-layer EAGLE chain, each checked only where
             # that is sound for such a chain (plan.py, _chain_step). The runners' pools all exist before any of
