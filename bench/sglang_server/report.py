@@ -512,6 +512,8 @@ def bug_cell(run: dict, ours: bool) -> str:
         parts.append(f"**hung**, killed at {watch['limit_s']:.0f} s (stacks in its log)")
     elif watch:
         parts.append(f"exited {watch['exit']} after {watch['elapsed_s']:.0f} s" if error else "served to the end")
+    elif (run.get("json") or {}).get("error"):  # no watcher's record: the call's time ran out around the run
+        parts.append("**still running** when its call's time ran out (killed with it)")
     return "; ".join(parts) or "served to the end, nothing reported"
 
 
