@@ -155,6 +155,23 @@ def test_cost_refuses_lines_that_cover_other_steps():
         report.cost_table({"off": off, "ours": ours})
 
 
+def test_a_bug_run_says_how_its_engine_ended():
+    leak = ("Scheduler hit an exception: Traceback (most recent call last):\n"
+            "ValueError: pool memory leak detected! [full] total=4096, available=45")
+    json = {"ok": False, "error": "killed before it finished"}
+    exited = {"json": json, "log": leak, "watch": {"exit": -9, "elapsed_s": 118.2, "killed_at_limit": False}}
+    hung = {"json": json, "log": leak, "watch": {"exit": -9, "elapsed_s": 480.0, "killed_at_limit": True,
+                                                 "limit_s": 480.0}}
+    outlived = {"json": json, "log": leak, "watch": None}  # the call's time ran out before its watcher wrote
+    assert report.bug_cell(exited, ours=False).endswith("; exited -9 after 118 s")
+    assert "**hung**, killed at 480 s" in report.bug_cell(hung, ours=False)
+    assert report.bug_cell(outlived, ours=False) == (
+        "sglang raised `ValueError: pool memory leak detected! [full] total=4096, available=45`; **still running** "
+        "when its call's time ran out (killed with it)")
+    assert report.bug_cell({"json": {"ok": True}, "log": "", "watch": None}, ours=False) == (
+        "served to the end, nothing reported")
+
+
 def test_the_perturbation_table_counts_a_flip_evicted_unread_apart_from_the_misses():
     flips = [f"kv_canary_perturb= step={s} kind=real_kv_unused_cache group=full half=k slot={s} position=3 req=-1 "
              "applied=1 layer=0 byte=1 bit=2" for s in (10, 20, 30, 40)]
