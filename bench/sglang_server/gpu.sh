@@ -190,15 +190,19 @@ for suite in "$@"; do
         wait
         ;;
     profile)
-        # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B, batch 1 x 1k, sglang's own
-        # profiler over 64 decode steps, canary off then ours. The traces (tens of MB) stay on the machine; the
-        # archive keeps each way's log and summary.json.
-        for way in none log; do
-            path=$RELEASE; [ $way = log ] && path=$OURS
-            PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
-                --kv-canary $way >"$RUNS/profile-$way.log" 2>&1
-            echo "gpu.sh: profile-$way exit $? ($(date +%T))"
-            cp "$WORK/traces/$way/summary.json" "$RUNS/profile-$way.summary.json" 2>/dev/null
+        # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B at 1 x 1k and at 8 x 1k (the
+        # 8B's cost cell over its bar; PROFILE_BATCHES picks others), sglang's own profiler over 64 decode steps,
+        # canary off then ours, about a minute each. The traces (tens of MB) stay on the machine; the archive keeps
+        # each way's log and summary.json (a batch other than 1 names its shape: profile-log-8x1024).
+        for batch in ${PROFILE_BATCHES:-1 8}; do
+            shape=""; [ "$batch" = 1 ] || shape=-${batch}x1024
+            for way in none log; do
+                path=$RELEASE; [ $way = log ] && path=$OURS
+                PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
+                    --kv-canary $way --batch "$batch" >"$RUNS/profile-$way$shape.log" 2>&1
+                echo "gpu.sh: profile-$way$shape exit $? ($(date +%T))"
+                cp "$WORK/traces/$way-${batch}x1024/summary.json" "$RUNS/profile-$way$shape.summary.json" 2>/dev/null
+            done
         done
         ;;
     flood)

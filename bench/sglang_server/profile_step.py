@@ -183,7 +183,8 @@ def run(args) -> None:
     from models import write_model
     from serve import engine_args
 
-    out = args.out / args.kv_canary  # one folder per way: the scheduler names its trace by a time stamp
+    # One folder per way and shape: the scheduler names its trace by a time stamp, and the summary reads them all.
+    out = args.out / f"{args.kv_canary}-{args.batch}x{args.context}"
     out.mkdir(parents=True, exist_ok=True)
     ns = argparse.Namespace(attention_backend="triton", seed=1, kv_canary=args.kv_canary, real_data="partial",
                             mem_fraction=0.85, prefill_graph="disabled", kv_canary_sweep_interval=0, hicache=False,

@@ -436,8 +436,8 @@ def profile_markdown(suites: dict) -> list[str]:
     if not runs:
         return []
     out = ["", "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)", "",
-           f"Machine: {suites['profile'].get(DEVICE, '?')}. Llama-3-8B (32 layers), batch 1 x 1024 context, decode "
-           "graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
+           f"Machine: {suites['profile'].get(DEVICE, '?')}. Llama-3-8B (32 layers), batch 1 x 1024 context unless the way "
+           "names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
            "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
            "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
            "canary's code; kernels: the device time of the canary's own kernels and of what its code launched; "
