@@ -2,8 +2,8 @@
 # The real-sglang run on the GPU machine, from the repository root:
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
-#                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-1b-a,
-#                                                    cost-1b-b, http, http-off, http-ours, http-upstream,
+#                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-c,
+#                                                    cost-1b-a, cost-1b-b, cost-1b-c, http, http-off, http-ours, http-upstream,
 #                                                    deploy, mtp, tp2, profile)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
@@ -306,6 +306,12 @@ for suite in "$@"; do
         run upstream "$RELEASE" cost --model $model --kv-canary log
         run off-again "$RELEASE" cost --model $model --kv-canary none
         run ours-again "$OURS" cost --model $model --kv-canary log
+        ;;
+    cost-c|cost-1b-c)
+        # The instrumented copy with the canary off: how far the instrumented code alone moves the step from the
+        # unmodified release's (a graph captured with other code can land in another memory layout).
+        model=llama3-8b; [[ $suite == cost-1b-* ]] && model=llama3.2-1b
+        run ours-none "$OURS" cost --model $model --kv-canary none
         ;;
     *)
         echo "gpu.sh: unknown suite $suite" >&2

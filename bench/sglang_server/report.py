@@ -41,7 +41,7 @@ SHAPE = re.compile(r"cost: begin batch (\d+) context (\d+)\n(.*?)cost: end batch
 # Ways of the cost comparison: archive member stem -> label. "off-again" and "ours-again" are second engines of
 # the same code as "off" and "ours": how far they land from their first is the measurement's own noise.
 WAYS = {"off": "canary off", "ours": "ours", "upstream": "sglang's own", "off-again": "canary off, again",
-        "ours-again": "ours, again"}
+        "ours-again": "ours, again", "ours-none": "ours' copy, canary off"}
 # Suites whose runs are correctness rows (also a run named fi-*: FlashInfer's attention, in the corpus suite).
 CORRECTNESS_SUITES = ("correctness", "correctness2", "gate", "attrib")
 # A suite another release ran (gpu.sh with SGLANG_RELEASE=0.5.14): its archive's folder is "0.5.14-gate" and so on.
@@ -231,11 +231,11 @@ def verdict_change(row: dict) -> float | None:
     return round(((100 + ours) / (100 + off) - 1) * 100, 3)
 
 
-# Cost suites per model: (suite of canary off and ours, suite of sglang's own and off again), the model's name
-# on the page, and issue 38's bar for ours (added per decode step, at every shape).
+# Cost suites per model: (canary off and ours; sglang's own, off again and ours again; the instrumented copy with
+# the canary off), the model's name on the page, and issue 38's bar for ours (added per decode step, every shape).
 COST_MODELS = {
-    "llama3-8b": (("cost-a", "cost-b"), "Llama-3-8B, 32 layers, bf16", 0.25),
-    "llama3.2-1b": (("cost-1b-a", "cost-1b-b"), "Llama-3.2-1B, 16 layers, bf16", 0.5),
+    "llama3-8b": (("cost-a", "cost-b", "cost-c"), "Llama-3-8B, 32 layers, bf16", 0.25),
+    "llama3.2-1b": (("cost-1b-a", "cost-1b-b", "cost-1b-c"), "Llama-3.2-1B, 16 layers, bf16", 0.5),
 }
 
 
@@ -244,17 +244,16 @@ def device_of(suites: dict, suite: str, device: str) -> str:
     return suites.get(suite, {}).get(DEVICE, device)
 
 
-def other_machine(suites: dict, first: str, second: str, device: str) -> str:
-    """The sentence naming a second cost suite left out because it ran on another machine, or ""."""
-    theirs = device_of(suites, second, device)
-    if second not in suites or theirs == device_of(suites, first, device):
-        return ""
-    return (f" The `{second}` archive (sglang's own, canary off again) ran on another machine ({theirs.split(',')[0]}) "
-            "and is left out: ways compare only on one machine.")
+def other_machine(suites: dict, first: str, others: tuple, device: str) -> str:
+    """The sentences naming the later cost suites left out because they ran on another machine, or ""."""
+    return "".join(
+        f" The `{suite}` archive ran on another machine ({device_of(suites, suite, device).split(',')[0]}) and is left "
+        "out: ways compare only on one machine." for suite in others
+        if suite in suites and device_of(suites, suite, device) != device_of(suites, first, device))
 
 
 def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> list[str]:
-    (first, second), title, bar = COST_MODELS[model]
+    (first, *others), title, bar = COST_MODELS[model]
     ways = [w for w in WAYS if w in cost[0]]
     out = ["", f"## Cost per decode step ({title})", "",
            f"Machine: {device_of(suites, first, device)}.", "",
@@ -263,11 +262,15 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
            "every other way's is that step times its change. *canary off, again* is a second engine of "
            f"the unmodified release: its distance from *canary off* is the noise of the measurement (*ours, again*"
-           f" likewise for ours). The bar for ours: at most {bar} % per decode step, judged"
+           f" likewise for ours)."
+           + (" *ours' copy, canary off* is the instrumented copy serving with `--kv-canary none`: its distance from "
+              "*canary off* is what the instrumented code does to the step without the canary's work, such as a "
+              "different memory layout of the captured graphs." if "ours-none" in ways else "")
+           + f" The bar for ours: at most {bar} % per decode step, judged"
            + (" on the faster of the two ours against the faster of the two canary-off engines (an engine can land"
               " in a slower mode for its whole life, canary or not)" if "ours-again" in ways and "off-again" in ways
               else " on ours against canary off")
-           + "." + other_machine(suites, first, second, device), "",
+           + "." + other_machine(suites, first, tuple(others), device), "",
            "| batch x context | " + " | ".join(WAYS[w] for w in ways) + " | ours against the bar |",
            "|---|" + "---|" * len(ways) + "---|"]
     for r in cost:

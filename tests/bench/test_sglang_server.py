@@ -148,6 +148,19 @@ def test_the_cost_bar_is_judged_on_the_faster_engine_of_each_way():
     assert row["verdict_pct"] == pytest.approx(25.0, abs=1e-3)
 
 
+def test_the_instrumented_copy_with_the_canary_off_is_a_column_of_its_own_not_the_verdict():
+    tokens = [100, 200, 300]
+    off = run(cost_log([1000.0] * 3, tokens))
+    ours = run(cost_log([995.0] * 3, tokens))  # +0.5 %
+    ours_none = run(cost_log([1005.0] * 3, tokens))  # the copy alone runs 0.5 % faster than the release
+    (row,) = report.cost_table({"off": off, "ours": ours, "ours-none": ours_none})
+    assert row["ours-none"]["vs_off_pct"] == pytest.approx(-0.4975, abs=1e-3)
+    assert row["verdict_pct"] == pytest.approx(0.5025, abs=1e-3)  # judged on ours against canary off, as before
+    page = report.cost_markdown("llama3-8b", {}, [row], "an H200")
+    assert "| batch x context | canary off | ours | ours' copy, canary off | ours against the bar |" in page
+    assert any("*ours' copy, canary off* is the instrumented copy" in line for line in page)
+
+
 def test_cost_refuses_lines_that_cover_other_steps():
     off = run(cost_log([1000.0, 1000.0], [100, 200]))
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
