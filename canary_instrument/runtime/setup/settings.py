@@ -55,7 +55,6 @@ class CanarySettings:
     # git show c2b030b:bench/runtime/RESULTS.md), and a draft manager counts two steps per EAGLE step;
     # a lost bracket still raises within a second or so.
     readback_interval: int = 64
-    token_window: int = 0  # [- / KV_CANARY_TOKEN_WINDOW] tokens re-sent per request per decode step, 0 = auto
     # [kv_canary_sweep_interval / KV_CANARY_SWEEP_INTERVAL] steps between idle-cache sweep slices, 0 = off
     sweep_interval: int = 0
     sweep_slots: int = 4096  # [kv_canary_sweep_slots / KV_CANARY_SWEEP_SLOTS] cached slots verified per sweep slice
@@ -192,7 +191,6 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "backend": (("kv_canary_backend",), (), _choice(BACKENDS)),
     "dist_interval": (("kv_canary_dist_interval",), ("KV_CANARY_DIST_INTERVAL",), _positive_int),
     "readback_interval": (("kv_canary_readback_interval",), ("KV_CANARY_READBACK_INTERVAL",), _positive_int),
-    "token_window": ((), ("KV_CANARY_TOKEN_WINDOW",), _non_negative_int),
     "sweep_interval": (("kv_canary_sweep_interval",), ("KV_CANARY_SWEEP_INTERVAL",), _non_negative_int),
     "sweep_slots": (("kv_canary_sweep_slots",), ("KV_CANARY_SWEEP_SLOTS",), _positive_int),
     "jitter_max_us": (("kv_canary_jitter_max_us",), ("SGLANG_KV_CANARY_JITTER_MAX_US",), _jitter_max_us),
@@ -217,11 +215,6 @@ _SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...], Callable[[str, Any],
     "violation_sink": (("kv_canary_violation_sink",), ("KV_CANARY_VIOLATION_SINK",), lambda name, value: str(value)),
     "log_format": (("kv_canary_log_format",), ("KV_CANARY_LOG_FORMAT",), _choice(LOG_FORMATS)),
 }
-
-# sglang variables with no counterpart here: set to a value that asks for the feature, they are
-# named in one warning at install, so nobody believes a self-test is running when it is not.
-_UPSTREAM_ONLY: dict[str, str] = {}
-
 
 def load_settings(server_args: Any = None, environ: Optional[Mapping[str, str]] = None) -> CanarySettings:
     """Build validated settings; the error names the server arg or variable that was wrong."""
@@ -249,16 +242,13 @@ def _first_set(server_args: Any, attrs: tuple, env: Mapping[str, str], variables
 
 
 def unsupported_upstream(settings: CanarySettings, environ: Optional[Mapping[str, str]] = None) -> list[str]:
-    """The sglang canary knobs that are set but have no effect here, each with why."""
+    """The sglang canary knobs that are set but have no effect here, each with why (named in one warning at
+    install, so nobody believes a check is running when it is not)."""
     env = os.environ if environ is None else environ
     found = []
     if not settings.token_oracle and _flag_set(env.get("SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT", "")):
         found.append(f"SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT={env['SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT']} "
                      "(the oracle's input check needs the token oracle: --sampling-backend token_oracle)")
-    for var, what in _UPSTREAM_ONLY.items():
-        text = str(env.get(var, "")).strip().lower()
-        if text not in ("", "0", "0.0", "false", "no", "off"):
-            found.append(f"{var}={env[var]} ({what})")
     return found
 
 
