@@ -162,9 +162,8 @@ def _builds_attribute(data: bytes, name: bytes, assign: re.Pattern, local: re.Pa
 
 
 def line_start(data: bytes, position: int) -> int:
-    """Start of the line holding `position` (files searched as one buffer are joined by NUL)."""
-    newline = data.rfind(b"\n", 0, position)
-    return max(newline, data.rfind(b"\0", newline + 1, position)) + 1
+    """Start of the line holding `position`."""
+    return data.rfind(b"\n", 0, position) + 1
 
 
 def code_use(data: bytes, start: int, end: int) -> bool:
