@@ -14,8 +14,6 @@ yet, the catalog's location hints say where scaffold puts them.
 from __future__ import annotations
 
 import ast
-from bisect import bisect_left, bisect_right
-from itertools import accumulate
 from pathlib import Path
 
 from canary_instrument.catalog import Catalog, Site, call_matches
@@ -198,12 +196,8 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
         return name in names or bool(CANARY_CONTEXT.match(name))
 
     found: list[SiteMatch] = []
-    # Sites and stray canary code are canary-named: only a function whose lines name one can hold any.
-    if text is None or "canary" in text or any(name in text for name in names):
-        marked = None if lines is None else _lines_naming(lines, ("canary", *names), text)
-        for cls, function in functions:
-            if marked is None or _spans_any(marked, function):
-                found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
+    for cls, function in functions:
+        found.extend(_discover(result, posix, cls, function, catalog, imports, facts, canary))
     _drop_duplicates(result, found)
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog, facts)
@@ -216,28 +210,6 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
             result.roles_expected.add(hook.role)
     _collect_members(result, catalog, lines, facts)
     return result
-
-
-def _lines_naming(lines: list[str], words, text: str) -> list[int]:
-    """The (1-based) numbers of the lines that hold one of `words` (`text`: the lines joined), found by
-    searching the text for each word rather than each line for every word."""
-    words = [w for w in words if not any(other in w for other in words if other != w)]  # `canary` covers `canary_ctx`
-    starts = list(accumulate(map(len, lines)))  # where each line's successor starts
-    found = set()
-    for word in words:
-        at = text.find(word)
-        while at >= 0:
-            number = bisect_right(starts, at) + 1
-            if word in lines[number - 1]:  # not one glued from two lines' ends
-                found.add(number)
-            at = text.find(word, at + 1)
-    return sorted(found)
-
-
-def _spans_any(numbers: list[int], function) -> bool:
-    """Whether one of the sorted line `numbers` falls in the lines of `function`."""
-    index = bisect_left(numbers, function.lineno)
-    return index < len(numbers) and numbers[index] <= (function.end_lineno or function.lineno)
 
 
 def _usage(rest: list[ast.stmt], name: str):
