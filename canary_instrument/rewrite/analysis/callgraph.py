@@ -68,13 +68,7 @@ class CallGraph:
                 self.names[name].update(types)
             self.calls.add(index, facts)
         self.files.extend(files)
-        self._symbols: dict[str, list] = {}
-        self._mro: dict[ClassKey, list[ClassKey]] = {}
-        self._descendants: dict[ClassKey, list[ClassKey]] = {}
-        self._method: dict[tuple, list[DefKey]] = {}
-        self._resolved: dict[tuple, list[DefKey]] = {}
         self._active: set[tuple] = set()  # resolutions under way (what a receiver holds may lead back to them)
-        self._cut: set[tuple] = set()  # resolutions under way that a call inside them led back to
         self._bases: dict[ClassKey, list[ClassKey]] = {}
         self.subclasses: dict[ClassKey, list[ClassKey]] = defaultdict(list)
         for key, cls in self.classes.items():
@@ -88,9 +82,6 @@ class CallGraph:
 
     def symbol(self, qualified: str) -> list:
         """The tree's classes ("class", key, rest) or functions ("def", key) a qualified name names."""
-        cached = self._symbols.get(qualified)
-        if cached is not None:
-            return cached
         parts = qualified.split(".")
         found: list = []
         best = 0
@@ -113,16 +104,12 @@ class CallGraph:
                     found.append(entry)
             if found:
                 break
-        self._symbols[qualified] = found
         return found
 
     def classes_of(self, qualified: str) -> list[ClassKey]:
         return [entry[1] for entry in self.symbol(qualified) if entry[0] == "class" and not entry[2]]
 
     def mro(self, key: ClassKey) -> list[ClassKey]:
-        cached = self._mro.get(key)
-        if cached is not None:
-            return cached
         order, stack, seen = [], [key], set()
         while stack:
             current = stack.pop(0)
@@ -131,13 +118,9 @@ class CallGraph:
             seen.add(current)
             order.append(current)
             stack.extend(self._bases.get(current, ()))
-        self._mro[key] = order
         return order
 
     def descendants(self, key: ClassKey) -> list[ClassKey]:
-        cached = self._descendants.get(key)
-        if cached is not None:
-            return cached
         out, stack, seen = [], list(self.subclasses.get(key, ())), {key}
         while stack:
             current = stack.pop()
@@ -145,15 +128,10 @@ class CallGraph:
                 seen.add(current)
                 out.append(current)
                 stack.extend(self.subclasses.get(current, ()))
-        self._descendants[key] = out
         return out
 
     def method(self, key: ClassKey, name: str, overrides: bool = True) -> list[DefKey]:
         """`name` looked up on an instance of class `key` (or, with `overrides`, of any subclass)."""
-        memo = (key, name, overrides)
-        cached = self._method.get(memo)
-        if cached is not None:
-            return cached
         found = []
         for cls in self.mro(key):
             target = self.methods.get(cls, {}).get(name)
@@ -165,7 +143,6 @@ class CallGraph:
                 target = self.methods.get(sub, {}).get(name)
                 if target is not None:
                     found.append(target)
-        self._method[memo] = found
         return found
 
     def self_class(self, key: DefKey) -> ClassKey | None:
@@ -317,33 +294,22 @@ class CallGraph:
         return resolved
 
     def resolve(self, caller: DefKey, target: tuple, call: bool = True) -> list[DefKey]:
-        # What a call resolves to depends on the caller only through its file and class, and for a
-        # qualified name or a receiver that is not `self`'s not at all (`_resolve`).
+        # A resolution under way is known by what it depends on: the caller only through its file and
+        # class, and for a qualified name or a receiver that is not `self`'s not at all (`_resolve`).
         kind = target[0]
         if self.missing is None and (name := target_method(target)) is not None and name not in self.methods_by_name:
             return []  # no analysed class has a method of that name (a caller search, `missing`, follows every call)
         if kind in _CALLER_FREE or (kind == "attr" and not target[3]):
-            memo = (target, call)
+            under_way = (target, call)
         else:
-            memo = (caller[0], self.self_class(caller), target, call)
-        if self.missing is None:
-            cached = self._resolved.get(memo)
-            if cached is not None:
-                return cached
-        if memo in self._active:
-            self._cut.add(memo)
+            under_way = (caller[0], self.self_class(caller), target, call)
+        if under_way in self._active:
             return []  # a call whose receiver is what this very call returns: the code shows no more
-        self._active.add(memo)
+        self._active.add(under_way)
         try:
-            found = self._resolve(caller, target, call)
+            return self._resolve(caller, target, call)
         finally:
-            self._active.discard(memo)
-            self._cut.discard(memo)
-        # A resolution cut short by one under way outside it is not kept: what is kept is what the
-        # resolution gives when asked first, whichever calls were resolved before.
-        if not self._cut:
-            self._resolved[memo] = found
-        return found
+            self._active.discard(under_way)
 
     def _resolve(self, caller: DefKey, target: tuple, call: bool) -> list[DefKey]:
         kind = target[0]
