@@ -10,19 +10,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from canary_instrument.catalog import Catalog, Hook, call_matches
-from canary_instrument.rewrite.analysis.shapes import function_model_runner, may_name, runner_words
+from canary_instrument.rewrite.analysis.shapes import function_model_runner
 from canary_instrument.rewrite.handwritten import last_name
 from canary_instrument.rewrite.syntax.blocks import top_statement, walk_blocks
 from canary_instrument.rewrite.syntax.calls import calls_matcher
 from canary_instrument.rewrite.syntax.imports import Imports
-from canary_instrument.rewrite.syntax.nodes import (
-    FUNCTIONS,
-    dotted_name,
-    first_statement,
-    iter_calls,
-    parameters,
-    statement_text,
-)
+from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, first_statement, iter_calls, parameters
 
 
 @dataclass
@@ -53,10 +46,9 @@ def _callee(statement: str) -> str | None:
     return last_name(value.func) if isinstance(value, ast.Call) else None
 
 
-def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog, site_managers,
-                calls: CallIndex | None = None) -> list[_HookScope]:
-    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}; `calls`:
-    the file's `CallIndex`, whose texts spare the walk of a function that names no model runner."""
+def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Catalog,
+                site_managers) -> list[_HookScope]:
+    """`site_managers`: class id -> {manager name: the manager as the class's sites spell it}."""
     shape = catalog.model_runner
     scopes = []
     for cls in classes:
@@ -78,10 +70,8 @@ def hook_scopes(hook: Hook, tree: ast.Module, classes: list, facts, catalog: Cat
                 scopes.append(_HookScope(cls, "self", methods))
     if hook.scope == "model_runner":
         module = {}
-        words = runner_words(shape)
         for node in tree.body:
-            if (isinstance(node, FUNCTIONS) and (calls is None or calls.may_name(node, words))
-                    and (runner := function_model_runner(node, shape)) is not None):
+            if isinstance(node, FUNCTIONS) and (runner := function_model_runner(node, shape)) is not None:
                 module.setdefault(runner, []).append(node)
         scopes.extend(_HookScope(None, runner, functions) for runner, functions in module.items())
     return scopes
@@ -115,23 +105,11 @@ def _calls_in(function):
 
 class CallIndex:
     """The calls each function of a file runs (`iter_calls` of its statements, in that order), listed
-    once per file: every hook asks about the same functions. Given the file's lines, a function
-    whose text cannot name what is asked for is not walked."""
+    once per file: every hook asks about the same functions."""
 
-    def __init__(self, lines: list[str] | None = None) -> None:
+    def __init__(self) -> None:
         self._calls: dict[int, list[ast.Call]] = {}
         self._matching: dict[tuple, list[ast.Call]] = {}
-        self._lines = lines
-        self._texts: dict[int, str] = {}
-
-    def may_name(self, function, patterns) -> bool:
-        """False when the function's lines hold no name matching `patterns` (`shapes.may_name`)."""
-        if self._lines is None:
-            return True
-        text = self._texts.get(id(function))
-        if text is None:
-            text = self._texts[id(function)] = statement_text(self._lines, function)
-        return may_name(text, patterns)
 
     def __call__(self, function) -> list[ast.Call]:
         calls = self._calls.get(id(function))
@@ -143,8 +121,6 @@ class CallIndex:
         """The calls of `function` whose dotted name matches one of the catalog call `patterns`."""
         key = (id(function), tuple(patterns))
         found = self._matching.get(key)
-        if found is None and not self.may_name(function, key[1]):
-            found = self._matching[key] = []
         if found is None:
             matcher = calls_matcher(key[1])
             found = self._matching[key] = [
@@ -338,7 +314,7 @@ def place_after_assign(hook: Hook, scope: _HookScope, module: dict, calls: CallI
 def _caller(function, scope: _HookScope, module: dict, calls: CallIndex):
     """(caller, its top statement) of the first call of `function` elsewhere in its scope, else None."""
     for other in scope.functions:
-        if other is function or not calls.may_name(other, (function.name,)):
+        if other is function:
             continue
         for call in calls(other):
             # The name test first: resolving every call of a large class is most of the search.

@@ -161,24 +161,18 @@ def _may_have_place(hook: Hook, text: str | None) -> bool:
 
 def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
                  classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
-                 handed: set[str] | None = None, lines: list[str] | None = None) -> list[HookMatch]:
+                 handed: set[str] | None = None) -> list[HookMatch]:
     """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
     lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
-    classes and `functions_of(tree)`, when the caller has listed them; `lines`: the file's lines, which let
-    a function that cannot name the calls a hook looks for go unwalked)."""
+    classes and `functions_of(tree)`, when the caller has listed them)."""
     site_managers: dict[int, dict] = {}
     for site in sites:
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
-    calls = CallIndex(lines)
+    calls = CallIndex()
     present = {}
     if _may_hold_hook(catalog, text):
-        # A hook statement spells its callee (generated) or the manager attribute (hand-written): only a
-        # function whose lines name one can hold any.
-        words = [MANAGER_ATTRIBUTE, *(callee for hook in catalog.hooks if (callee := hook_callee(hook)) is not None)]
-        listed = [(cls, function) for cls, function in (functions_of(tree) if functions is None else functions)
-                  if calls.may_name(function, words)]
-        present = recognise(tree, catalog, imports, facts, listed, site_managers)
+        present = recognise(tree, catalog, imports, facts, functions, site_managers)
     module = module_functions(tree)
     # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
@@ -190,7 +184,7 @@ def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, te
         else:
             if classes is None:
                 classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers, calls)
+            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
         for scope in scopes:
             if hook.place == "after_capture":
                 if handed is not None and scope.class_node is not None:

@@ -127,13 +127,12 @@ def _locate_with_item(site: Site, method) -> tuple | None:
     return best
 
 
-def locate_role(function, cls, catalog: Catalog, imports: Imports, lines: list[str], on_path: set[int],
-                named: bool = True):
+def locate_role(function, cls, catalog: Catalog, imports: Imports, on_path: set[int], named: bool = True):
     """(role, first line, last line) of a site scaffold can place in `function` (of class `cls`, None at module
     level) around the lines `on_path`: a role that locates there and that the shape of the guarded code
     resolves to, as it will once the placeholder is there; None when no role does. `named`: only roles that
     name the calls they guard, else only those that name none."""
-    facts = _Facts(lines)(cls) if cls is not None else None
+    facts = ClassFacts(cls) if cls is not None else None
     runner = function_model_runner(function, catalog.model_runner) if cls is None else None
     spellings = owner_spellings(facts, catalog) if facts is not None else {}
     aliases = local_aliases(function)
@@ -163,18 +162,15 @@ def locate_role(function, cls, catalog: Catalog, imports: Imports, lines: list[s
 
 
 class _Facts:
-    """ClassFacts computed on demand, once per class of the file (given the file's lines, each knows its text)."""
+    """ClassFacts computed on demand, once per class of the file."""
 
-    def __init__(self, lines: list[str] | None = None) -> None:
+    def __init__(self) -> None:
         self._facts: dict[int, ClassFacts] = {}
-        self._lines = lines
 
     def __call__(self, cls: ast.ClassDef) -> ClassFacts:
         facts = self._facts.get(id(cls))
         if facts is None:
-            lines = self._lines
-            text = "\n".join(lines[cls.lineno - 1 : cls.end_lineno]) if lines is not None and cls.end_lineno else None
-            facts = self._facts[id(cls)] = ClassFacts(cls, text, lines)
+            facts = self._facts[id(cls)] = ClassFacts(cls)
         return facts
 
 
@@ -184,7 +180,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     nodes = list(statements(tree))
     imports = Imports(tree, nodes)
     result = FileAnalysis(path=Path(path), tree=tree, imports=imports)
-    facts = _Facts(lines)
+    facts = _Facts()
     classes = [node for node in nodes if isinstance(node, ast.ClassDef)]
     functions = [(None, node) for node in tree.body if isinstance(node, FUNCTIONS)] + [
         (cls, stmt) for cls in classes for stmt in cls.body if isinstance(stmt, FUNCTIONS)
@@ -203,7 +199,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     _add_hinted(result, posix, classes, catalog, facts)
     result.hooks = locate_hooks(
         tree, catalog, imports, facts, text, classes=classes, functions=functions, sites=result.sites,
-        handed=result.handed, lines=lines,
+        handed=result.handed,
     )
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):

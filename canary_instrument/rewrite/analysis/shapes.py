@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import re
 from fnmatch import fnmatchcase
-from functools import lru_cache
 
 from canary_instrument.catalog import ModelRunnerShape, call_matches
 from canary_instrument.rewrite.syntax.nodes import dotted_name, parameters
@@ -21,9 +20,7 @@ def names_runner(name: str, shape: ModelRunnerShape) -> bool:
 
 
 def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
-    """How a module-level function reaches a model runner: a parameter named or typed like one, else a local.
-    Each spells a name matching `shape.names` or `shape.types` (`runner_words`): a function whose text
-    names none cannot answer."""
+    """How a module-level function reaches a model runner: a parameter named or typed like one, else a local."""
     for arg in parameters(function):
         annotation = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else ""
         if names_runner(arg.arg, shape) or any(fnmatchcase(annotation, t) for t in shape.types if annotation):
@@ -34,59 +31,9 @@ def function_model_runner(function, shape: ModelRunnerShape) -> str | None:
     return None
 
 
-def runner_words(shape: ModelRunnerShape) -> tuple[str, ...]:
-    """The name patterns (`may_name`) one of which a function that reaches a model runner spells."""
-    return (*shape.names, *shape.types)
-
-
-@lru_cache(maxsize=None)
-def _fragments(pattern: str) -> tuple[str, ...]:
-    """The runs of identifier characters that every name matching a shell-style `pattern` holds
-    (`*capture_*_graph` -> capture_, _graph); a bracket expression stands for one unknown character.
-    Asked for the catalog's few patterns on every statement a question about names reads: kept."""
-    return tuple(re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "*", pattern)))
-
-
-def may_name(text: str | None, patterns) -> bool:
-    """False when `text` (source code) cannot hold a name matching any of `patterns`: some run of
-    identifier characters of each pattern is missing from it. True when unsure (no text)."""
-    if text is None:
-        return True
-    return any(all(part in text for part in _fragments(pattern)) for pattern in patterns)
-
-
-# Between the tokens of an attribute chain the tokenizer allows blanks, line continuations, comments
-# (inside brackets) and, after a name, the closing parenthesis of `(self).a`. A comment runs to its
-# line's end: matched only so, a run of `#` cannot be split in exponentially many ways.
-_COMMENT = r"#[^\n]*(?![^\n])"
-_BEFORE_DOT = rf"(?:[\s\\)]|{_COMMENT})*\.(?:[\s\\]|{_COMMENT})*"
-
-
-@lru_cache(maxsize=None)
-def _chain_regex(chain: str) -> re.Pattern:
-    # Literal first, the identifier boundary before it checked behind it: a pattern that starts with
-    # an assertion is tried at every position of the text.
-    head, *rest = map(re.escape, chain.split("."))
-    return re.compile(head + rf"(?<!\w{head})" + "".join(_BEFORE_DOT + part for part in rest) + r"(?!\w)")
-
-
-def may_spell_chain(text: str | None, chain: str) -> bool:
-    """False when `text` (source code) cannot hold the attribute chain `chain` (`self.model_runner`),
-    however its tokens are spaced: a class that never spells it cannot read it. True when unsure."""
-    if text is None:
-        return True
-    if not all(part.isidentifier() for part in chain.split(".")):
-        return may_name(text, [chain])
-    return _chain_regex(chain).search(text) is not None
-
-
 class ClassFacts(ClassScope):
     """What the finders ask about a class: whether it reaches a manager's owner, holds or is a model
-    runner, answered from its syntax facts. A question about names the class's `text` never spells is
-    answered without walking it, and otherwise by walking only the statements that spell them
-    (`ClassScope.spelling`): a file's classes are asked about on every hook search, and most cannot
-    matter.
-    """
+    runner, answered from its syntax facts."""
 
     def reaches(self, owner: str) -> bool:
         """True when the class uses `owner` (`self.model_runner`), so it can reach a manager held there."""
@@ -96,9 +43,7 @@ class ClassFacts(ClassScope):
         if found is None:
             # A ref that starts with `owner.` holds `owner` itself: each link of a chain is a ref. A property
             # of the class that `owner` names (`def draft_runner(self)`) is the attribute too.
-            found = self.answers[("reaches", owner)] = self.has_property(owner) or (
-                may_spell_chain(self.text, owner) and self.reads_where(owner, lambda text: may_spell_chain(text, owner))
-            )
+            found = self.answers[("reaches", owner)] = self.has_property(owner) or owner in self.refs
         return found
 
     def has_property(self, owner: str) -> bool:
@@ -134,7 +79,7 @@ class ClassFacts(ClassScope):
         """`self.NAME = VALUE` assignments of a model runner, and properties that return one: NAME -> VALUE's dotted
         name (a constructor: its callee)."""
         found: dict[str, str] = {}
-        for node in self.assignments_where(lambda text: may_name(text, runner_words(shape))):
+        for node in self.assignments:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             value = node.value
             if isinstance(value, ast.Call):
@@ -158,16 +103,13 @@ class ClassFacts(ClassScope):
     def flagged_attributes(self, flag: str) -> list[list[str]]:
         """The `self.NAME` attributes (as ["self", NAME]) assigned an object constructed with `flag=True`."""
         return [
-            name.split(".") for node in self.assignments_where(lambda text: flag in text)
+            name.split(".") for node in self.assignments
             if isinstance(node, ast.Assign) and built_with_flag(node.value, flag)
             for t in node.targets if (name := dotted_name(t)) is not None
         ]
 
     def refers_to(self, patterns) -> bool:
-        if not may_name(self.text, patterns):
-            return False
-        refs = self.refs_and_calls_where(lambda text: may_name(text, patterns))[0]
-        return any(fnmatchcase(ref, pattern) for ref in refs for pattern in patterns)
+        return any(fnmatchcase(ref, pattern) for ref in self.refs for pattern in patterns)
 
     def is_model_runner(self, shape: ModelRunnerShape) -> bool:
         """It calls the raw forward, or is named as the model runner type (a runner whose forward moved)."""
@@ -179,10 +121,7 @@ class ClassFacts(ClassScope):
     def _is_model_runner(self, shape: ModelRunnerShape) -> bool:
         if any(fnmatchcase(self.node.name, pattern) for pattern in shape.types):
             return True
-        if not may_name(self.text, shape.class_calls):
-            return False
-        calls = self.refs_and_calls_where(lambda text: may_name(text, shape.class_calls))[1]
-        return any(call_matches(name, pattern) for name in calls for pattern in shape.class_calls)
+        return any(call_matches(name, pattern) for name in self.calls for pattern in shape.class_calls)
 
     def held_model_runner(self, shape: ModelRunnerShape) -> str | None:
         """The most used `self....model_runner` chain of a class that holds a model runner, else None."""
@@ -192,10 +131,8 @@ class ClassFacts(ClassScope):
         return self.answers[key]
 
     def _held_model_runner(self, shape: ModelRunnerShape) -> str | None:
-        if not may_name(self.text, shape.names):
-            return None
         counts: dict[str, int] = {}
-        for ref in self.refs_and_calls_where(lambda text: may_name(text, shape.names))[0]:
+        for ref in self.refs:
             parts = ref.split(".")
             for end in range(2, len(parts) + 1):
                 if parts[0] == "self" and names_runner(parts[end - 1], shape):

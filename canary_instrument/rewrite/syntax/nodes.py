@@ -156,12 +156,6 @@ def first_line(stmt: ast.stmt) -> int:
     return min(stmt.lineno, *(d.lineno for d in decorators)) if decorators else stmt.lineno
 
 
-def statement_text(lines: list[str], stmt: ast.stmt) -> str:
-    """A statement's source lines (its decorators' included), joined: what a question about the names it
-    spells reads instead of walking it."""
-    return "\n".join(lines[first_line(stmt) - 1 : stmt.end_lineno])
-
-
 def first_statement(function) -> ast.stmt:
     """The first statement after the docstring (the docstring itself when the body is only that)."""
     body = function.body

@@ -8,65 +8,23 @@ from __future__ import annotations
 
 import ast
 
-from canary_instrument.rewrite.syntax.nodes import (
-    CLASS_ONLY, FUNCTIONS, descend, dotted_name, refs_and_calls, statement_text, walk,
-)
+from canary_instrument.rewrite.syntax.nodes import FUNCTIONS, dotted_name, refs_and_calls, walk
 
 
 class ClassScope:
     """A class's syntax facts, each computed once and only when an analysis asks.
 
-    `text` (the class's source lines) lets a question about names the class never spells be answered
-    without walking it (see `analysis.shapes.may_name`). `analysis.reach_records.ClassRecord` stays
-    apart: it is the plain record of a class (bases, attribute types) that check's cache keeps, no AST.
+    `analysis.reach_records.ClassRecord` stays apart: it is the plain record of a class (bases,
+    attribute types) that check's cache keeps, no AST.
     """
 
-    def __init__(self, cls: ast.ClassDef, text: str | None = None, lines: list[str] | None = None) -> None:
+    def __init__(self, cls: ast.ClassDef) -> None:
         self.node = cls
-        self.text = text
-        self.lines = lines  # the file's lines: a question walks only the statements whose lines may answer it
         self.methods = {stmt.name: stmt for stmt in cls.body if isinstance(stmt, FUNCTIONS)}
         self._refs: set[str] | None = None
         self._calls: list[str] | None = None
         self._assignments: list[ast.Assign | ast.AnnAssign] | None = None
         self.answers: dict = {}  # the analyses' questions about the class (by question), answered once
-
-    def spelling(self, stmts, test) -> list:
-        """The statements among `stmts` (of this class) whose source lines pass `test` (a function of
-        their text): a question about names a statement never spells need not walk it. All of them
-        when the lines are unknown."""
-        lines = self.lines
-        if lines is None:
-            return list(stmts)
-        return [stmt for stmt in stmts if test(statement_text(lines, stmt))]
-
-    def refs_and_calls_where(self, test) -> tuple[set[str], list[str]]:
-        """`refs` and `calls` of the statements that pass `test` (`spelling`): what they hold of the
-        names `test` asks for is what the whole class holds (once the class was walked: its facts)."""
-        if self._refs is not None:
-            return self._refs, self._calls
-        return refs_and_calls(self.spelling(self.node.body, test))
-
-    def reads_where(self, dotted: str, test) -> bool:
-        """Whether `dotted` is one of the `refs` of the statements that pass `test` (`spelling`): found
-        by walking them to the first node that spells it, without collecting every name they read."""
-        if self._refs is not None:
-            return dotted in self._refs
-        last = dotted.rpartition(".")[2]
-        for node in descend(self.spelling(self.node.body, test), CLASS_ONLY):
-            kind = type(node)
-            if kind is ast.Attribute:
-                if node.attr == last and dotted_name(node) == dotted:
-                    return True
-            elif kind is ast.Name and node.id == dotted:
-                return True
-        return False
-
-    def assignments_where(self, test) -> list[ast.Assign | ast.AnnAssign]:
-        """`assignments` of the methods that pass `test` (`spelling`), in the same order."""
-        if self._assignments is not None:
-            return self._assignments
-        return _assignments(self.spelling(self.methods.values(), test))
 
     @property
     def refs(self) -> set[str]:

@@ -45,7 +45,7 @@ class _Files:
         self.parsed: dict[int, ParsedFile] = {}
 
     def function(self, key: DefKey):
-        """(path, lines, imports, class node or None, function node) of a method or module-level function."""
+        """(path, imports, class node or None, function node) of a method or module-level function."""
         index, qualname = key
         if index not in self.parsed:
             self.parsed[index] = load(Path(self.graph.files[index][0]), self.catalog)
@@ -59,7 +59,7 @@ class _Files:
                 return None
             scope = cls
         function = next((n for n in scope.body if isinstance(n, FUNCTIONS) and n.name == name), None)
-        return None if function is None else (parsed.path, parsed.lines, parsed.analysis.imports, cls, function)
+        return None if function is None else (parsed.path, parsed.analysis.imports, cls, function)
 
 
 def plan_cover(graph: CallGraph, catalog: Catalog) -> tuple[list[Placement], list]:
@@ -86,9 +86,9 @@ def plan_cover(graph: CallGraph, catalog: Catalog) -> tuple[list[Placement], lis
             found = files.function(chain[at])
             if found is None:
                 continue
-            path, lines, imports, cls, function = found
+            path, imports, cls, function = found
             lines_on_path = _next_lines(graph, chain, at, trigger)
-            placed = locate_role(function, cls, catalog, imports, lines, lines_on_path, named=named)
+            placed = locate_role(function, cls, catalog, imports, lines_on_path, named=named)
             if placed is None or _would_nest(graph, kinds, enclosing, chain[at], *placed):
                 continue  # no role fits here, or its site would run inside one of its kind (or one inside it)
             site, first, last = placed
