@@ -20,7 +20,7 @@ from canary_instrument.rewrite.analysis.tree import ParsedFile, parse_source, sc
 from canary_instrument.rewrite.findings import Finding
 from canary_instrument.rewrite.io.cache import CheckCache, content_hash
 from canary_instrument.rewrite.io.callers import CallerSearch, defines_class
-from canary_instrument.rewrite.io.files import SourceError, decode_source, read_bytes, read_source
+from canary_instrument.rewrite.io.files import SourceError, decode_source, read_source
 from canary_instrument.rewrite.io.prefilter import REACH, ROLES, SITES, Prefilter
 from canary_instrument.rewrite.report import FileReport
 from canary_instrument.rewrite.rules.ci301_uncovered_forward import callers_wanted, uncovered_findings
@@ -86,7 +86,7 @@ class Scan:
             self.digests[key] = entry.digest
             return entry.needs
         try:
-            data = read_bytes(key, st)
+            data = Path(key).read_bytes()
         except OSError:
             return SITES | REACH  # analysed, so that reading it again reports why it cannot be
         if self.cache is not None:
@@ -156,7 +156,7 @@ class Scan:
         data = self._data.get(key)
         if data is None:
             try:
-                data = self._data[key] = read_bytes(key, self._stats.get(key))
+                data = self._data[key] = Path(key).read_bytes()
             except OSError:
                 data = b""
         return data

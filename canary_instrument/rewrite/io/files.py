@@ -114,24 +114,6 @@ def read_source(path) -> SourceFile:
     return decode_source(path, data)
 
 
-def read_bytes(path: str, st: os.stat_result | None) -> bytes:
-    """A file's bytes, read by its descriptor in one read of one byte more than its size (a file object
-    costs more than the read itself for the small files most of a tree is). A shorter read is the end of
-    a regular file; anything else (a file that grew, a pipe named on the command line) is read on to its end."""
-    size = st.st_size if st is not None else 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        chunk = os.read(fd, size + 1)
-        if len(chunk) <= size and st is not None and stat.S_ISREG(st.st_mode):
-            return chunk
-        chunks = [chunk]
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-    finally:
-        os.close(fd)
-
-
 def decode_source(path: Path, data: bytes) -> SourceFile:
     """`read_source` for bytes already read (check reads every file once, for its byte scan)."""
     nul = data.find(b"\0")
