@@ -16,7 +16,6 @@ median over i of its step time against canary off's at the same i.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import statistics
