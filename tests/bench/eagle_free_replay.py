@@ -22,37 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from array import array
 from pathlib import Path
 from types import SimpleNamespace
+
+from replay_req import Req  # beside this script (its folder is on sys.path)
 
 REPO = Path(__file__).resolve().parents[2]
 RESERVE = 2 * 4  # get_alloc_reserve_per_decode: 2 * max(num_steps * topk, num_draft_tokens)
 POOL = 96
-
-
-class Req:
-    """The fields of sglang's ``Req`` that the radix cache's caching calls and ``release_kv_cache`` read."""
-
-    def __init__(self, tokens: list[int], row: int):
-        self.origin_input_ids = array("q", tokens)
-        self.output_ids = array("q")
-        self.extra_key = None
-        self.priority = 0
-        self.req_pool_idx = row
-        self.prefix_indices = None
-        self.last_node = None
-        self.cache_protected_len = 0
-        self.extend_end = len(tokens)
-        self.kv_committed_len = 0
-        self.kv = None
-        self.mamba_pool_idx = None
-
-    def get_fill_ids(self) -> array:
-        return (self.origin_input_ids + self.output_ids)[: self.extend_end]
-
-    def effective_kv_committed_len(self) -> int:  # no thinking-strip
-        return self.kv_committed_len
 
 
 class Scheduler:

@@ -22,8 +22,9 @@ import argparse
 import importlib.util
 import json
 import sys
-from array import array
 from pathlib import Path
+
+from replay_req import Req  # beside this script (its folder is on sys.path)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,26 +34,6 @@ def serve_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class Req:
-    """The fields of sglang's ``Req`` that the radix cache's two caching calls read and write."""
-
-    def __init__(self, tokens: list[int], max_new: int, row: int):
-        self.origin_input_ids = array("q", tokens)
-        self.output_ids = array("q")
-        self.max_new = max_new
-        self.extra_key = None
-        self.priority = 0
-        self.req_pool_idx = row
-        self.prefix_indices = None
-        self.last_node = None
-        self.cache_protected_len = 0
-        self.extend_end = len(tokens)  # extend_range.end after a whole (unchunked) prefill
-        self.kv_committed_len = 0
-
-    def get_fill_ids(self) -> array:  # full_untruncated_fill_ids[: extend_range.end]
-        return (self.origin_input_ids + self.output_ids)[: self.extend_end]
 
 
 class Scheduler:
@@ -91,7 +72,7 @@ class Scheduler:
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        req = Req(tokens, max_new, self.next_row)
+        req = Req(tokens, self.next_row)
         self.next_row += 1
         key = RadixKey(req.origin_input_ids, None, limit=len(tokens) - 1)  # _compute_max_prefix_len
         match = self.cache.match_prefix(MatchPrefixParams(key=key))
