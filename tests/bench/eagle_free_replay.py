@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     for eagle, is_insert in [(True, True), (True, False), (False, True)]:
         spec["algo"] = "EAGLE" if eagle else None
         cases.append(case(eagle, is_insert))
-    print(json.dumps({"common": common.__file__, "cases": cases}))
+    print(json.dumps({"sglang": common.__file__, "cases": cases}))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     last = plan["a_new"] - 1  # held decodes at most a_new tokens; one step is left for after new
     cases = [((0, 0, 0), False), ((3, 5, 9), True), ((last // 3, last // 3, last - 2 * (last // 3)), True),
              ((0, 0, last), False)]
-    out = {"radix_cache": radix_cache.__file__, "plan": {k: plan[k] for k in ("pool", "chunk", "left", "a_new")},
+    out = {"sglang": radix_cache.__file__, "plan": {k: plan[k] for k in ("pool", "chunk", "left", "a_new")},
            "replays": [replay(plan, decoded, overlap) for decoded, overlap in cases]}
     print(json.dumps(out))
 

@@ -55,8 +55,11 @@ def release_with_bug(tmp_path_factory, bug: str) -> tuple[Path, Path, Path]:
 
 def replay(script: str, parent: Path, deps: Path) -> dict:
     """Run the replay ``tests/bench/<script>`` on the package under ``parent`` (in a process of its own: the two
-    packages share module names) and return the JSON it prints last."""
+    packages share module names) and return the JSON it prints last, whose ``sglang`` (the file of the module
+    under test) must lie under ``parent``: the replay ran that package, not another sglang."""
     proc = subprocess.run([sys.executable, str(REPO / "tests/bench" / script), str(parent), str(deps)],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["sglang"].startswith(str(parent))
+    return out

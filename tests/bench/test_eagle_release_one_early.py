@@ -13,11 +13,9 @@ later prefills both receive the slot; on the release nothing is freed twice. A r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.bench.release_with_bug import release_with_bug, replay as run_replay
+from tests.bench.release_with_bug import release_with_bug, replay
 from tests.bench.test_sglang_server import HERE, bundle, load, lock_release
 
 BUG = "eagle_release_one_early"
@@ -64,16 +62,10 @@ def packages(tmp_path_factory):
     return release_with_bug(tmp_path_factory, BUG)
 
 
-def replay(parent: Path, deps: Path) -> dict:
-    out = run_replay("eagle_free_replay.py", parent, deps)
-    assert out["common"].startswith(str(parent))
-    return out
-
-
 def test_the_release_frees_the_last_committed_slot_once_and_the_bug_hands_it_to_two_requests(packages):
     release, buggy, deps = packages
     for parent, bug in [(release, False), (buggy, True)]:
-        cases = replay(parent, deps)["cases"]
+        cases = replay("eagle_free_replay.py", parent, deps)["cases"]
         assert [(c["eagle"], c["is_insert"]) for c in cases] == [(True, True), (True, False), (False, True)]
         for case in cases:
             slot = case["last_committed_slot"]

@@ -10,11 +10,9 @@ Served on a GPU: not yet (``gpu.sh corpus4``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.bench.release_with_bug import release_with_bug, replay as run_replay
+from tests.bench.release_with_bug import release_with_bug, replay
 from tests.bench.test_sglang_server import HERE, load
 
 BUG = "radix_evict_locked_parent"
@@ -50,16 +48,10 @@ def packages(tmp_path_factory):
     return release_with_bug(tmp_path_factory, BUG)
 
 
-def replay(parent: Path, deps: Path) -> dict:
-    out = run_replay("evict_replay.py", parent, deps)
-    assert out["radix_cache"].startswith(str(parent))
-    return out
-
-
 def test_the_release_keeps_the_locked_node_and_the_bug_hands_its_slots_to_new(packages):
     release, buggy, deps = packages
     for parent, bug in [(release, False), (buggy, True)]:
-        out = replay(parent, deps)
+        out = replay("evict_replay.py", parent, deps)
         for case in out["replays"]:
             # The route: one eviction, new's prefill's, asking more than the child and the locked node hold;
             # the running request still holds its node (locked once) and still decodes.
