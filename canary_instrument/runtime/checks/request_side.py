@@ -79,8 +79,6 @@ class RequestSide:
         """Enqueue the noted resets and freed marks on the current (the forward's) stream."""
         self.offset = 0  # the buffer's entries: marked by this forward's pre-forward op, before its pass
         self.pending = False
-        if not self.new_rows and not self.freed:  # a step's frees that fit the buffer: nothing to enqueue
-            return
         import torch
 
         state = self.state
@@ -133,18 +131,6 @@ def wrap_allocators(model_runner: Any, side: RequestSide) -> tuple[bool, bool]:
     if allocator is not None:
         free_wrapped = wrap_call(allocator, "free", side.after_free, _MARK)
     return rows_wrapped, free_wrapped
-
-
-def unwrap_allocators(model_runner: Any) -> None:
-    """Undo ``wrap_allocators`` (tests, and engines that rebuild their runner)."""
-    allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
-    targets = [(getattr(model_runner, "req_to_token_pool", None), ("alloc_rows", "alloc")),
-               (getattr(allocator, "full_attn_allocator", None) or allocator, ("free",))]
-    for obj, names in targets:
-        for name in names:
-            value = getattr(obj, "__dict__", {}).get(name) if obj is not None else None
-            if value is not None and getattr(value, _MARK, False):
-                del obj.__dict__[name]
 
 
 # Entries of the freed-slot buffer per req-pool row: room for a step that frees this many slots per request

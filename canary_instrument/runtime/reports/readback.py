@@ -55,35 +55,18 @@ class DelayedReadback:
         self._side = torch.cuda.Stream(device=status.device) if self.cuda else None
         self._ring_done = torch.cuda.Event() if self.cuda else None
         self._ring_host = torch.zeros(ring.shape, dtype=ring.dtype, pin_memory=self.cuda)
-        self.skipped = 0  # snapshots not taken because every slot was still in flight
-        self._device_index = None
-        if self.cuda:
-            index = status.device.index
-            self._device_index = torch.cuda.current_device() if index is None else index
-        self._stream_key: Any = None
-        self._stream: Any = None
-
-    def _current_stream(self) -> Any:
-        """The current CUDA stream, rebuilt only when it changes (``torch.cuda.current_stream()`` costs
-        many times the raw stream query per call: bench/runtime/RESULTS.md, ``host_ops.py``)."""
-        import torch
-
-        key = torch._C._cuda_getCurrentStream(self._device_index)
-        if key != self._stream_key:
-            self._stream_key = key
-            self._stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-        return self._stream
 
     def take(self, tag: Any) -> bool:
         """Start copying the status (in stream order); False when every slot is still in flight."""
+        import torch
+
         if not self._free:
-            self.skipped += 1
             return False
         slot = self._free.pop()
         slot.tag = tag
         slot.host_copy.copy_(self.status, non_blocking=self.cuda)
         if self.cuda:
-            slot.done.record(self._current_stream())
+            slot.done.record(torch.cuda.current_stream(self.status.device))
         self._pending.append(slot)
         return True
 

@@ -92,11 +92,9 @@ class SampledTokens:
                 return
         except AttributeError:  # no batch, no rows, or not a tensor
             return
-        view = self.views.get(shape[0])
+        view = self.view(shape[0])
         if view is None:
-            view = self.view(shape[0])
-            if view is None:
-                return
+            return
         view.copy_(next_token_ids)  # the one device op; the next pre-forward pass files it
 
 
@@ -127,10 +125,3 @@ def wrap_sample(model_runner: Any, sampled: SampledTokens) -> bool:
     remember(sample, original, owner)
     model_runner.sample = sample
     return True
-
-
-def unwrap_sample(model_runner: Any) -> None:
-    """Undo ``wrap_sample`` (tests, and engines that rebuild their runner)."""
-    sample = model_runner.__dict__.get("sample")
-    if sample is not None and getattr(sample, _SAMPLE_MARK, False):
-        del model_runner.sample

@@ -15,6 +15,7 @@ plan at every replay and the host sends nothing per step. The conventions follow
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from canary_instrument.runtime.errors import CanaryWiringError
@@ -33,24 +34,15 @@ def forward_kind(forward_batch: Any) -> str:
         raise ValueError(f"kv canary: forward batch {type(forward_batch).__qualname__} has no forward_mode")
     if not getattr(forward_batch, "batch_size", 0):
         return IDLE
-    # Keyed by type first: IntEnum modes of different engines compare equal to each other's ints. Two
-    # lookups, no key tuple: this runs at every step, and an allocation there can start a collection.
-    by_mode = _KINDS.get(type(mode))
-    if by_mode is None:
-        by_mode = _KINDS[type(mode)] = {}
-    try:
-        return by_mode[mode]
-    except (KeyError, TypeError):  # not seen yet, or a mode that cannot be a dict key
-        pass
-    kind = _kind_of(mode)
-    try:
-        by_mode[mode] = kind
-    except TypeError:
-        pass
-    return kind
+    try:  # keyed by type too: IntEnum modes of different engines compare equal to each other's ints
+        return _cached_kind(type(mode), mode)
+    except TypeError:  # a mode that cannot be a dict key
+        return _kind_of(mode)
 
 
-_KINDS: dict = {}  # mode type -> {mode -> kind}: the mode methods cost more host time than a lookup
+@functools.lru_cache(maxsize=None)
+def _cached_kind(mode_type: type, mode: Any) -> str:
+    return _kind_of(mode)
 
 
 def _mode_is(mode: Any, name: str) -> bool:
