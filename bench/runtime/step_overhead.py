@@ -25,7 +25,7 @@ exit). Whichever call comes first pays it: without the canary it is the engine's
 before each timed site exit an untimed `current_stream().query()` absorbs it, canary on and off
 alike (`--no-absorb` keeps it in). `--readback-interval N` runs the canary with
 `KV_CANARY_READBACK_INTERVAL=N` (a tagged status snapshot every N steps; the runtime's default is
-16). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime);
+64). `--sweep-interval N` switches the idle-cache sweep on (off by default, as in the runtime);
 `--no-token-check` runs without the sampled-token check, so without the sampler wrap.
 After each site exit an empty Python call is timed (untimed for the canary): what the host's Python
 costs at that point of the step, as a yardstick for the sites' figures. `--interleave N` builds both
@@ -58,6 +58,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from canary_instrument.demo import engine_copy, matrix  # noqa: E402
+from canary_instrument.runtime.setup.settings import CanarySettings  # noqa: E402
 
 PROMPT = 32
 # Ops that only make a tensor view or wrap a value: no kernel, no copy on any device.
@@ -630,7 +631,7 @@ def main(argv=None):
         device=args.device, device_name=device_name, torch=torch.__version__, python=platform.python_version(),
         cores=os.cpu_count(), loadavg=os.getloadavg(), command=" ".join(sys.argv),
         cuda_graphs=args.device == "cuda" and not args.disable_cuda_graph,
-        readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", "16")), absorbed=CLOCK.absorb is not None,
+        readback_interval=int(os.environ.get("KV_CANARY_READBACK_INTERVAL", CanarySettings.readback_interval)), absorbed=CLOCK.absorb is not None,
         sweep_interval=args.sweep_interval, token_check=not args.no_token_check, real_kv=args.real_kv,
         interleave=args.interleave,
         time=time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -35,7 +35,6 @@ from canary_instrument.runtime.step.plan import DECODE, EXTEND, forward_kind
 from canary_instrument.runtime.passes.state import KERNEL_ORACLE, ORACLE
 
 _MARK = "__kv_canary_token_oracle__"
-SAMPLING_BACKEND = "token_oracle"  # upstream's --sampling-backend value
 _C1 = as_signed(0xBF58476D1CE4E5B9)
 _C2 = as_signed(0x94D049BB133111EB)
 

@@ -70,8 +70,6 @@ GROUP_SWA = 1
 HALF_K = 0
 HALF_V = 1
 
-RECORD_FIELDS = ("kernel", "group_half", "slot", "position", "stored", "expected", "reasons", "req_pool_index")
-
 
 @dataclass
 class CanaryGroup:

@@ -110,7 +110,6 @@ class Perturber:
         self._watch = CacheWatch()
         self._left: list[LeftCache] = []
         self.counts = {kind: 0 for kind in settings.kinds}  # injections made (logged or about to be)
-        self.skipped_busy = 0  # opportunities dropped because too many injections awaited their device facts
         self.stopped_at: Optional[int] = None  # the step whose hook first found the stop file
         logger.warning(
             "kv_canary perturb: enabled %s (seed %d, from step %d, target group %s); each injection is logged "
@@ -177,8 +176,7 @@ class Perturber:
                     continue
                 if ctx.rng.random() >= rate:
                     continue
-                if self._facts.full:
-                    self.skipped_busy += 1
+                if self._facts.full:  # too many injections await their device facts
                     continue
                 planned = impl.inject(ctx, step, forward_batch=forward_batch, cache=cache)
                 if planned is not None:

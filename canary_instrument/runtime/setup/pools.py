@@ -62,13 +62,6 @@ def _refuse(pool: Any, reason: str) -> UnsupportedPoolError:
     return UnsupportedPoolError(f"kv canary: unsupported KV pool {_name(pool)}: {reason}; {SUPPORTED}")
 
 
-def detect_layout(pool: Any) -> str:
-    """"mha", "mla" or "swa" for a pool the canary can guard; raises ``UnsupportedPoolError`` otherwise."""
-    if _sub_pool(pool, "swa_kv_pool") is not None:
-        return "swa"
-    return _halves(pool, pool).layout
-
-
 def attach_pool(pool: Any, *, real_kv: str, window: Optional[int], allocator: Any = None) -> AttachedPool:
     """Allocate zeroed canary rows beside ``pool`` (one int64[4] row per slot and half).
 
