@@ -36,7 +36,7 @@ from canary_instrument.rewrite.analysis.hook_places import (
     place_after_assign,
     place_after_capture,
 )
-from canary_instrument.rewrite.handwritten import MANAGER_ATTRIBUTE, HandHook, parse_hook
+from canary_instrument.rewrite.handwritten import HandHook, parse_hook
 from canary_instrument.rewrite.syntax.blocks import walk_blocks
 from canary_instrument.rewrite.syntax.imports import Imports
 from canary_instrument.rewrite.syntax.nodes import dotted_name, functions_of, statements
@@ -142,49 +142,25 @@ def _generated_role(stmt, hooks, spelled: dict, catalog: Catalog) -> str:
     return next((h.role for h in hooks if h.scope != "manager"), hooks[0].role)
 
 
-def _may_hold_hook(catalog: Catalog, text: str | None) -> bool:
-    """False when the file's text names neither a hook's callee (a generated hook calls it) nor the
-    manager attribute (a hand-written hook reads it): then `recognise` finds nothing."""
-    if text is None:
-        return True
-    return MANAGER_ATTRIBUTE in text or any(
-        callee in text for hook in catalog.hooks if (callee := hook_callee(hook)) is not None)
-
-
-def _may_have_place(hook: Hook, text: str | None) -> bool:
-    """False when the file's text holds none of the names a place of `hook` needs (an assigned attribute, or
-    every literal part of an after-call pattern): then no scope of it can hold a place."""
-    if text is None:
-        return True
-    return any(all(part in text for part in pattern.split("*") if part) for pattern in (*hook.assigns, *hook.after_calls))
-
-
-def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, text: str | None = None, *,
+def locate_hooks(tree: ast.Module, catalog: Catalog, imports: Imports, facts, *,
                  classes: list[ast.ClassDef] | None = None, functions=None, sites=(),
                  handed: set[str] | None = None) -> list[HookMatch]:
-    """One HookMatch per hook role that has a place or a statement in this file (`text`: the file's source, which
-    lets a file without a hook's names skip the search for its place; `classes` and `functions`: the file's
-    classes and `functions_of(tree)`, when the caller has listed them)."""
+    """One HookMatch per hook role that has a place or a statement in this file (`classes` and `functions`: the
+    file's classes and `functions_of(tree)`, when the caller has listed them)."""
     site_managers: dict[int, dict] = {}
     for site in sites:
         if site.class_node is not None:
             site_managers.setdefault(id(site.class_node), {}).setdefault(site.manager.name, site.manager)
+    if classes is None:
+        classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
     calls = CallIndex()
-    present = {}
-    if _may_hold_hook(catalog, text):
-        present = recognise(tree, catalog, imports, facts, functions, site_managers)
+    present = recognise(tree, catalog, imports, facts, functions, site_managers)
     module = module_functions(tree)
-    # classes listed once per file, not per hook: walking a large module costs more than a hook's search
     matches = []
     for hook in catalog.hooks:
         match = HookMatch(hook, present=present.get(hook.role, []))
         placed = []
-        if not _may_have_place(hook, text):
-            scopes = []
-        else:
-            if classes is None:
-                classes = [node for node in statements(tree) if isinstance(node, ast.ClassDef)]
-            scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
+        scopes = hook_scopes(hook, tree, classes, facts, catalog, site_managers)
         for scope in scopes:
             if hook.place == "after_capture":
                 if handed is not None and scope.class_node is not None:

@@ -185,7 +185,6 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     functions = [(None, node) for node in tree.body if isinstance(node, FUNCTIONS)] + [
         (cls, stmt) for cls in classes for stmt in cls.body if isinstance(stmt, FUNCTIONS)
     ]  # functions_of(tree), listed once for the site and hook searches
-    text = None if lines is None else "".join(lines)
     names = catalog.placeholder_names
 
     def canary(name: str) -> bool:
@@ -198,8 +197,7 @@ def analyse(path: Path, tree: ast.Module, catalog: Catalog, lines: list[str] | N
     result.sites.extend(found)
     _add_hinted(result, posix, classes, catalog, facts)
     result.hooks = locate_hooks(
-        tree, catalog, imports, facts, text, classes=classes, functions=functions, sites=result.sites,
-        handed=result.handed,
+        tree, catalog, imports, facts, classes=classes, functions=functions, sites=result.sites, handed=result.handed,
     )
     for hook in catalog.hooks:
         if any(location.matches_path(posix) for location in hook.candidates):
