@@ -193,13 +193,15 @@ for suite in "$@"; do
         # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B at 1 x 1k and at 8 x 1k (the
         # 8B's cost cell over its bar; PROFILE_BATCHES picks others), sglang's own profiler over 64 decode steps,
         # canary off then ours, about a minute each. The traces (tens of MB) stay on the machine; the archive keeps
-        # each way's log and summary.json (a batch other than 1 names its shape: profile-log-8x1024).
+        # each way's log and summary.json (a batch other than 1 names its shape: profile-log-8x1024). Batch 1 with
+        # Python stacks (the canary's host time); other batches without (--no-stack): with them, ours' step at 8
+        # requests waited on the profiled host, so its device time was of another step than the timed one's.
         for batch in ${PROFILE_BATCHES:-1 8}; do
-            shape=""; [ "$batch" = 1 ] || shape=-${batch}x1024
+            shape=""; stack=(); [ "$batch" = 1 ] || { shape=-${batch}x1024; stack=(--no-stack); }
             for way in none log; do
                 path=$RELEASE; [ $way = log ] && path=$OURS
                 PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
-                    --kv-canary $way --batch "$batch" >"$RUNS/profile-$way$shape.log" 2>&1
+                    --kv-canary $way --batch "$batch" "${stack[@]}" >"$RUNS/profile-$way$shape.log" 2>&1
                 echo "gpu.sh: profile-$way$shape exit $? ($(date +%T))"
                 cp "$WORK/traces/$way-${batch}x1024/summary.json" "$RUNS/profile-$way$shape.summary.json" 2>/dev/null
             done

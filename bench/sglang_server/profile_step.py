@@ -3,6 +3,10 @@
     python bench/sglang_server/profile_step.py run --out DIR [--kv-canary none|log] [--batch 1] [--context 1024]
     python bench/sglang_server/profile_step.py analyse TRACE... [--json OUT]
 
+``run --no-stack`` leaves Python stacks out: the host columns are then empty, but the profiler's own cost
+per Python call no longer slows the host (with stacks, a step at 8 requests waited on the host, so its
+device figures were of another step than the timed one's).
+
 ``run`` (on the GPU machine; which sglang runs is whatever ``import sglang`` finds, as for ``serve.py``)
 starts ``sglang.Engine`` with the 32-layer Llama-3-8B as ``serve.py cost`` does, a decode CUDA graph for
 ``--batch`` only, prefills the prompts once, warms up, then has sglang's scheduler profile ``--steps``
@@ -24,7 +28,8 @@ analyses it.
   those launches ran (matched by correlation id: a copy launched by the canary's code is the canary's), and
   per kernel name how many launches a step makes and their time;
 - the device's busy time per step (every kernel, copy and memset): a step that grew by more than the device
-  work it gained waited on the host;
+  work it gained waited on the host; and every kernel's launches and time per step (the longest
+  ``TOP_KERNELS``), so two ways' summaries show which of the engine's kernels a canary slowed;
 - the canary functions taking the most host time per step.
 
 The analysis needs no torch: it runs on any machine over a trace brought back.
@@ -50,6 +55,7 @@ DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 # A host read of a device value is one aten::_local_scalar_dense (under aten::item, .tolist(), int(t), ...);
 # an explicit wait is a cuda*Synchronize call.
 SYNCS = ("Synchronize", "aten::_local_scalar_dense")
+TOP_KERNELS = 40
 
 
 def load_events(path: Path) -> list[dict]:
@@ -130,12 +136,15 @@ def analyse(events: list[dict], top: int = 15) -> dict:
     device = [0.0] * steps  # the canary's kernels: its own (canary_*, in the graph or not) and what its code launched
     busy = [0.0] * steps  # all device work: a slower step that is not busier waited on the host
     kernels: dict[str, list] = defaultdict(lambda: [0, 0.0])  # the canary's, by name: count and time, all steps
+    every: dict[str, list] = defaultdict(lambda: [0, 0.0])  # every device work item, by name: count and time
     for e in events:
         if e.get("cat") in DEVICE_WORK:
             s = step_of(e["ts"])  # device work runs after its launch, within the step that launched it or just after
             if s is None:
                 continue
             busy[s] += e["dur"]
+            every[e["name"]][0] += 1
+            every[e["name"]][1] += e["dur"]
             if e["name"].startswith("canary_") or e.get("args", {}).get("correlation") in launched:
                 device[s] += e["dur"]
                 kernels[e["name"]][0] += 1
@@ -150,6 +159,9 @@ def analyse(events: list[dict], top: int = 15) -> dict:
         "device_busy_us": statistics.median(busy),
         # Mean per step: how many launches of each canary kernel a step makes, and their time.
         "canary_kernels_per_step": {n: {"launches": c / steps, "us": t / steps} for n, (c, t) in sorted(kernels.items())},
+        # Every kernel (the engine's too), the longest first: mean launches and time per step.
+        "kernels_per_step": {n: {"launches": c / steps, "us": t / steps}
+                             for n, (c, t) in sorted(every.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]},
         # Median per step, and the run's total count: a call made once every N steps has a median of 0.
         "calls_in_canary_frames": {n: {"per_step": statistics.median(c[n][0] for c in calls),
                                        "us_per_step": statistics.median(c[n][1] for c in calls),
@@ -199,11 +211,12 @@ def run(args) -> None:
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 1})
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 32})
     # record_shapes off: sglang turns it on unless told, and it adds host time to every op, the canary's too.
-    engine.start_profile(output_dir=str(out), num_steps=args.steps, activities=["CPU", "GPU"], with_stack=True,
-                         record_shapes=False)
+    engine.start_profile(output_dir=str(out), num_steps=args.steps, activities=["CPU", "GPU"],
+                         with_stack=not args.no_stack, record_shapes=False)
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": args.steps + 16})
     engine.shutdown()
-    summary = {f"{args.kv_canary}/{t.name}": analyse(load_events(t)) for t in sorted(out.glob("*.trace.json*"))}
+    summary = {f"{args.kv_canary}/{t.name}": {**analyse(load_events(t)), "stacks": not args.no_stack}
+               for t in sorted(out.glob("*.trace.json*"))}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     for name, s in summary.items():
         print(table(name, s))
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch", type=int, default=1)
     r.add_argument("--context", type=int, default=1024)
     r.add_argument("--steps", type=int, default=64)
+    r.add_argument("--no-stack", action="store_true", help="profile without Python stacks (no host attribution)")
     r.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     a = sub.add_parser("analyse")
     a.add_argument("traces", type=Path, nargs="+")

@@ -455,7 +455,8 @@ def profile_markdown(suites: dict) -> list[str]:
             busy = s.get("device_busy_us")
             mark = busy is None and s["canary_host_us"] > 0
             earlier |= mark
-            out.append(f"| {way} | {s['step_us']:.1f} | {s['canary_host_us']:.1f}{'*' if mark else ''} | "
+            host = f"{s['canary_host_us']:.1f}{'*' if mark else ''}" if s.get("stacks", True) else "- (no stacks)"
+            out.append(f"| {way} | {s['step_us']:.1f} | {host} | "
                        f"{s['canary_device_us']:.1f} | {'-' if busy is None else f'{busy:.1f}'} | "
                        f"{s['syncs_per_step']:g} | {calls} |")
     per_kernel = [(way, name, k) for way, summary in sorted(runs.items()) for s in summary.values()
@@ -464,11 +465,41 @@ def profile_markdown(suites: dict) -> list[str]:
         out += ["", "The canary's kernels, per decode step (mean):", "", "| way | kernel | launches | device us |",
                 "|---|---|---|---|"]
         out += [f"| {way} | {name} | {k['launches']:g} | {k['us']:.1f} |" for way, name, k in per_kernel]
+    out += kernel_changes(runs)
     if earlier:
         out += ["", "\\* A summary made before the analysis set the engine's code apart: its host time and calls include "
                 "the engine's sampler, which runs inside the canary's sample wrapper, and it has no device-busy "
                 "figure (the traces stay on the machine)."]
     return out
+
+
+def kernel_changes(runs: dict, top: int = 12) -> list[str]:
+    """For each shape profiled both ways: the kernels whose time per step differs most between canary off and
+    ours (the engine's kernels too: which of them the canary slowed, or which ran in its place)."""
+    rows = []
+    for way, summary in sorted(runs.items()):
+        if not way.startswith("none"):
+            continue
+        ours = runs.get("log" + way.removeprefix("none"))
+        if ours is None:
+            continue
+        off = next(iter(summary.values())).get("kernels_per_step")
+        on = next(iter(ours.values())).get("kernels_per_step")
+        if not off or not on:
+            continue
+        shape = way.removeprefix("none").removeprefix("-") or "1x1024"
+        zero = {"launches": 0, "us": 0.0}
+        diffs = sorted(((on.get(n, zero)["us"] - off.get(n, zero)["us"], n) for n in {*off, *on}),
+                       key=lambda d: -abs(d[0]))[:top]
+        for diff, name in diffs:
+            short = name if len(name) <= 90 else name[:87] + "..."
+            rows.append(f"| {shape} | `{short.replace('|', '/')}` | {off.get(name, zero)['us']:.1f} | "
+                        f"{on.get(name, zero)['us']:.1f} | {diff:+.1f} |")
+    if not rows:
+        return []
+    return ["", "The kernels whose time per decode step differs most between canary off and ours (mean; each way's "
+            "longest kernels, `TOP_KERNELS` in profile_step.py; a kernel outside one way's list counts 0 there):", "",
+            "| shape | kernel | canary off (us) | ours (us) | change (us) |", "|---|---|---|---|---|", *rows]
 
 
 def first_meta(suites: dict) -> dict:

@@ -74,6 +74,9 @@ def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_t
     assert "aten::item" not in s["calls_in_canary_frames"]
     assert "cudaGraphLaunch" not in s["calls_in_canary_frames"]  # the engine's, between the canary's frames
     assert s["syncs_per_step"] == 0  # one step of four read a value back: the median step does not
+    # Every kernel, the engine's too, the longest first.
+    assert list(s["kernels_per_step"]) == ["flash_decode", "argmax_kernel", "canary_pre_forward", "elementwise_kernel"]
+    assert s["kernels_per_step"]["flash_decode"] == {"launches": 1.0, "us": 300.0}
     top = s["top_functions_us_per_step"]
     assert list(top)[:2] == ["canary_instrument/runtime/step/expected_tokens.py(115): sample",
                              "canary_instrument/runtime/setup/sites.py(206): __exit__"]
@@ -103,3 +106,34 @@ def test_the_report_shows_each_ways_summary(tmp_path):
     assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel " \
            "2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
     assert "| log | canary_pre_forward | 1 | 4.0 |" in lines  # each canary kernel's launches a step
+
+
+def test_the_report_names_the_kernels_that_changed_between_the_ways(tmp_path):
+    # A shape profiled both ways: the table lists the kernels whose time per step differs most, the engine's
+    # too; a way profiled without Python stacks shows no host figure.
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("bench_sglang_server_report_k", HERE / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = report
+    spec.loader.exec_module(report)
+    ours = profile_step.analyse(decode_steps())
+    off_events = [e for e in decode_steps() if not e["name"].startswith("canary_")]
+    for e in off_events:
+        if e["name"] == "flash_decode":
+            e["dur"] = 290  # the engine's attention ran 10 us faster without the canary
+    off = profile_step.analyse(off_events)
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    for way, summary in (("none-8x1024", off), ("log-8x1024", ours)):
+        (folder / f"profile-{way}.summary.json").write_text(
+            json.dumps({f"{way}/x.trace.json.gz": {**summary, "stacks": False}}))
+    (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
+    with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname="profile")
+    lines = report.profile_markdown(report.read_runs(tmp_path))
+    assert "| 8x1024 | `flash_decode` | 290.0 | 300.0 | +10.0 |" in lines
+    assert "| 8x1024 | `canary_pre_forward` | 0.0 | 4.0 | +4.0 |" in lines
+    assert lines.index("| 8x1024 | `flash_decode` | 290.0 | 300.0 | +10.0 |") < \
+        lines.index("| 8x1024 | `canary_pre_forward` | 0.0 | 4.0 | +4.0 |")  # the largest change first
+    assert any(line.startswith("| log-8x1024 | 1000.0 | - (no stacks) |") for line in lines)
