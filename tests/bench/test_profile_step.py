@@ -87,22 +87,27 @@ def test_a_trace_without_two_graph_replays_is_refused():
         profile_step.analyse([ev("cuda_runtime", "cudaGraphLaunch", 0, 5)])
 
 
-def test_the_report_shows_each_ways_summary(tmp_path):
-    # gpu.sh's profile suite archives profile-<way>.summary.json; report.py turns them into one table.
+def profile_page(tmp_path, summaries: dict) -> list[str]:
+    """report.py's profile section over gpu.sh's profile archive of ``summaries`` (way -> trace summary)."""
     import tarfile
 
     spec = importlib.util.spec_from_file_location("bench_sglang_server_report_p", HERE / "report.py")
     report = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = report
     spec.loader.exec_module(report)
-    summary = profile_step.analyse(decode_steps())
     folder = tmp_path / "profile"
     folder.mkdir()
-    (folder / "profile-log.summary.json").write_text(json.dumps({"log/x.trace.json.gz": summary}))
+    for way, summary in summaries.items():
+        (folder / f"profile-{way}.summary.json").write_text(json.dumps({f"{way}/x.trace.json.gz": summary}))
     (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
     with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
         tar.add(folder, arcname="profile")
-    lines = report.profile_markdown(report.read_runs(tmp_path))
+    return report.profile_markdown(report.read_runs(tmp_path))
+
+
+def test_the_report_shows_each_ways_summary(tmp_path):
+    # gpu.sh's profile suite archives profile-<way>.summary.json; report.py turns them into one table.
+    lines = profile_page(tmp_path, {"log": profile_step.analyse(decode_steps())})
     assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel " \
            "2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
     assert "| log | canary_pre_forward | 1 | 4.0 |" in lines  # each canary kernel's launches a step
@@ -111,27 +116,13 @@ def test_the_report_shows_each_ways_summary(tmp_path):
 def test_the_report_names_the_kernels_that_changed_between_the_ways(tmp_path):
     # A shape profiled both ways: the table lists the kernels whose time per step differs most, the engine's
     # too; a way profiled without Python stacks shows no host figure.
-    import tarfile
-
-    spec = importlib.util.spec_from_file_location("bench_sglang_server_report_k", HERE / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = report
-    spec.loader.exec_module(report)
     ours = profile_step.analyse(decode_steps())
     off_events = [e for e in decode_steps() if not e["name"].startswith("canary_")]
     for e in off_events:
         if e["name"] == "flash_decode":
             e["dur"] = 290  # the engine's attention ran 10 us faster without the canary
     off = profile_step.analyse(off_events)
-    folder = tmp_path / "profile"
-    folder.mkdir()
-    for way, summary in (("none-8x1024", off), ("log-8x1024", ours)):
-        (folder / f"profile-{way}.summary.json").write_text(
-            json.dumps({f"{way}/x.trace.json.gz": {**summary, "stacks": False}}))
-    (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
-    with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
-        tar.add(folder, arcname="profile")
-    lines = report.profile_markdown(report.read_runs(tmp_path))
+    lines = profile_page(tmp_path, {"none-8x1024": {**off, "stacks": False}, "log-8x1024": {**ours, "stacks": False}})
     assert "| 8x1024 | `flash_decode` | 290.0 | 300.0 | +10.0 |" in lines
     assert "| 8x1024 | `canary_pre_forward` | 0.0 | 4.0 | +4.0 |" in lines
     assert lines.index("| 8x1024 | `flash_decode` | 290.0 | 300.0 | +10.0 |") < \
