@@ -395,8 +395,8 @@ def _collect_members(result: FileAnalysis, catalog: Catalog, lines, facts) -> No
         result.members.append(info)
         # An owner the model-runner shape names (`self.model_runner`) may come from a base class elsewhere.
         owner = info.manager.owner
-        runner = names_runner(owner.rpartition(".")[2], catalog.model_runner)
-        if not facts(info.class_node).reaches(owner) and not runner:
+        reached = facts(info.class_node).reaches(owner)
+        if not reached and not names_runner(owner.rpartition(".")[2], catalog.model_runner):
             result.unreachable.append(info)
 
 
