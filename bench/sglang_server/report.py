@@ -60,7 +60,7 @@ def read_runs(folder: Path) -> dict[str, dict[str, dict]]:
                 data = tar.extractfile(member).read().decode()
                 runs = suites.setdefault(suite, {})
                 if name == "device.txt":
-                    runs[DEVICE] = data.strip()
+                    runs[DEVICE] = machine(data)
                     continue
                 kind = "watch" if name.endswith(".watch.json") else "json" if name.endswith(".json") else "log"
                 stem = name.removesuffix(".watch.json").removesuffix(".json").removesuffix(".log")
@@ -70,6 +70,14 @@ def read_runs(folder: Path) -> dict[str, dict[str, dict]]:
 
 
 DEVICE = "device.txt"  # a suite's device, among its runs
+
+
+def machine(device_txt: str) -> str:
+    """A device.txt (nvidia-smi's line per GPU) as one line: a machine of several like GPUs as "2 x GPU"."""
+    lines = [line.strip() for line in device_txt.strip().splitlines() if line.strip()]
+    if len(lines) > 1 and len(set(lines)) == 1:
+        return f"{len(lines)} x {lines[0]}"
+    return "; ".join(lines)
 
 
 def prefill_graph(meta: dict) -> str:
@@ -321,6 +329,7 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
         if "score" in r:
             out += score_rows(r["score"], f"{r['run']} | {r['device']} | ")
     out += tail_notes(correctness)
+    out += ranks_markdown(suites)
     for model in COST_MODELS:
         if cost.get(model):
             out += cost_markdown(model, suites, cost[model], device)
@@ -329,6 +338,37 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
     out += profile_markdown(suites)
     out += bugs_markdown(suites)
     return "\n".join(out) + "\n"
+
+
+# sglang's log prefix names a process's rank when there are several ("[... TP1]"); the lowest rank's combined line
+# (docs/runtime.md, section 8).
+RANK = re.compile(r"^\[[^\]]* TP(\d+)\] kv_canary violation:", re.M)
+RANKS_LINE = re.compile(r"kv_canary ranks: step=(\d+) ranks=(\d+) violations=(\d+) written=(\d+) unhealthy_ranks=(\S+)")
+
+
+def ranks_markdown(suites: dict) -> list[str]:
+    """Tensor-parallel runs (``tp2``): the violations each rank logged for its own shard, and the lowest rank's last
+    line for all ranks."""
+    runs = sorted((name, run) for name, run in suites.get("tp2", {}).items() if name != DEVICE)
+    if not runs:
+        return []
+    out = ["", "## Tensor parallel: every rank's canary (`tp2`)", "",
+           f"Machine: {suites['tp2'].get(DEVICE, '?')}, `tp_size=2`: one scheduler process, KV shard and canary manager "
+           "per GPU. Violations per rank: the `kv_canary violation` lines each rank logged; the combined line: the "
+           "last `kv_canary ranks:` line of the lowest rank, which every rank's counts reach through an all-gather "
+           "every 16 steps.", "",
+           "| run | violations logged, rank 0 / rank 1 | combined line: step | ranks | violations | rows written | "
+           "unhealthy ranks |", "|---|---|---|---|---|---|---|"]
+    for name, run in runs:
+        per_rank = [0, 0]
+        for rank in RANK.findall(run["log"]):
+            if int(rank) < len(per_rank):
+                per_rank[int(rank)] += 1
+        last = RANKS_LINE.findall(run["log"])
+        step, ranks, violations, written, unhealthy = last[-1] if last else ("-",) * 5
+        out.append(f"| {name} | {per_rank[0]:,} / {per_rank[1]:,} | {step} | {ranks} | {violations} | {written} | "
+                   f"{unhealthy} |")
+    return out
 
 
 def decode_steps_ms(lines: list[tuple]) -> list[float]:
@@ -635,7 +675,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     suites = read_runs(args.folder)
     # The device of the archives that carry none (those made before the gate suite): the folder's device.txt.
-    device = (args.folder / "device.txt").read_text().strip() if (args.folder / "device.txt").exists() else "?"
+    device = machine((args.folder / "device.txt").read_text()) if (args.folder / "device.txt").exists() else "?"
     correctness = []
     for suite in sorted(suites):
         other = OTHER_RELEASE.match(suite)

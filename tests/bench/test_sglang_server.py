@@ -357,3 +357,23 @@ def test_report_keeps_another_release_s_archive_apart(tmp_path):
     page = (folder / "RESULTS.md").read_text()
     assert "Release: sglang 0.5.17 " in page and "Suites and runs named `0.5.14-...` ran sglang 0.5.14 instead." in page
     assert "| inf | ours, sglang 0.5.14 |" in page  # its HTTP server, a row of its own
+
+
+def test_a_machine_of_several_like_gpus_is_named_once_with_their_count():
+    line = "NVIDIA H200, 580.159.04, 143771 MiB"
+    assert report.machine(f"{line}\n{line}\n") == f"2 x {line}"
+    assert report.machine(f"{line}\n") == line
+
+
+def test_the_tensor_parallel_table_counts_each_rank_s_violations_and_shows_the_combined_line():
+    log = "\n".join([
+        "[2026-11-29 13:05:48 TP0] kv_canary violation: kernel=post_forward group=full half=k reason=token slot=1",
+        "[2026-11-29 13:05:48 TP1] kv_canary violation: kernel=post_forward group=full half=k reason=token slot=1",
+        "[2026-11-29 13:05:49 TP1] kv_canary violation: kernel=pre_forward group=full half=v reason=link slot=2",
+        "[2026-11-29 13:05:50 TP0] kv_canary ranks: step=16 ranks=2 violations=2 written=40 unhealthy_ranks=[]",
+        "[2026-11-29 13:05:51 TP0] kv_canary ranks: step=32 ranks=2 violations=3 written=44 unhealthy_ranks=[]",
+    ])
+    suites = {"tp2": {report.DEVICE: "2 x GPU", "tp2-mha-perturb": {"json": None, "log": log, "watch": None}}}
+    page = "\n".join(report.ranks_markdown(suites))
+    assert "| tp2-mha-perturb | 1 / 2 | 32 | 2 | 3 | 44 | [] |" in page
+    assert report.ranks_markdown({}) == []
