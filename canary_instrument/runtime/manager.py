@@ -6,7 +6,8 @@ One forward step runs four phases, enforced in order once init has finished:
 2. pre-ops maybe inside the graph (bracketed ``model.forward``, before the model): the plan is
    taken from the forward batch's own device tensors (``plan.py``), then verify + write (a decode's
    beside the forward, on a second stream: ``beside.py``).
-3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check).
+3. post-ops maybe inside (after the model): verify + fingerprint (and the sampled-token check); a decode's
+   beside the model's logits, forked as the model computes them (``beside.py``).
 4. post-ops outside (a site's exit): count the step, run what is due at step end (a perturbation
    of the idle cache, an idle-cache sweep slice, the SWA divergence counts), then read results with
    no device op: every post-forward pass publishes the status and one packed word into host-visible
@@ -274,6 +275,12 @@ class CanaryManager:
                 return self.follower.post_ops()
             return self._without_active("post-ops")
         sfm.post_ops_maybe_inside_graph()
+
+    def logits_ops_maybe_inside_graph(self) -> None:
+        """Called as the model computes its logits: the post pass beside them, where it may run there."""
+        sfm = self.steps.active or self.follower.own
+        if sfm is not None:
+            sfm.logits_ops_maybe_inside_graph()
 
     def _without_active(self, what: str) -> None:
         """A bracketed forward with no active sub-forward: warm-up and capture (nothing to do), else unwired."""

@@ -119,6 +119,36 @@ class TinyModel(torch.nn.Module):
         return k.sum(dim=(1, 2))
 
 
+class LogitsProcessor(torch.nn.Module):
+    """Named as sglang's logits module: one logit row per token from the model's last hidden state."""
+
+    def __init__(self, vocab: int = 64):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(-1, 1, vocab), requires_grad=False)
+
+    def forward(self, hidden):
+        return hidden[:, None] * self.weight[None, :]
+
+
+class LogitsModel(TinyModel):
+    """Computes its logits after every KV write, as sglang's generating models do (their ``LogitsProcessor``).
+    ``spin_cycles``: the GPU spins that long before the KV write (a slow forward), on CUDA."""
+
+    spin_cycles = 0
+
+    def __init__(self, pool):
+        super().__init__(pool)
+        self.logits_processor = LogitsProcessor()
+        self.streams = []  # the stream each forward ran on
+
+    def forward(self, input_ids, positions, forward_batch):
+        if input_ids.is_cuda:
+            self.streams.append(torch.cuda.current_stream())
+            if self.spin_cycles:
+                torch.cuda._sleep(self.spin_cycles)
+        return self.logits_processor(super().forward(input_ids, positions, forward_batch))
+
+
 class NestedModel(TinyModel):
     """Re-enters its own forward for the language part, as vision-language models do."""
 
@@ -287,7 +317,8 @@ class Scheduler:
 
 
 class RecordingOps:
-    """The real backend, plus a record of each call: kernel, sub-forward, the plan it saw, model calls so far."""
+    """The real backend, plus a record of each call: kernel, sub-forward, the plan it saw, model calls so far, and
+    (``streams``) the stream it was enqueued on."""
 
     def __init__(self, manager, model):
         self.inner = manager.ops
@@ -295,10 +326,12 @@ class RecordingOps:
         self.model = model
         self.calls = []
         self.plans = []  # the PlanInputs of each call
+        self.streams = []  # the stream each call was enqueued on (CUDA)
         manager.ops = self
 
     def _record(self, kernel, plan):
         self.plans.append(plan)
+        self.streams.append(torch.cuda.current_stream() if plan.enabled.is_cuda else None)
         self.calls.append(
             dict(
                 kernel=kernel,

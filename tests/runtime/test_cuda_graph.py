@@ -8,7 +8,7 @@ import torch
 from canary_instrument.runtime import CanaryHealthError, mark_init_finished
 from canary_instrument.runtime.setup import instance_wrap
 
-from .mini_engine import GraphRunner, MiniRunner, Scheduler, draft_step_batches, server_args
+from .mini_engine import GraphRunner, LogitsModel, MiniRunner, Scheduler, draft_step_batches, server_args
 
 pytestmark = pytest.mark.gpu
 
@@ -189,4 +189,27 @@ def test_a_decode_s_pre_pass_runs_beside_its_forward_and_lands_before_the_post_p
     extends = [pre == post for const, pre, post in slow.forwards if const == 0]
     decodes = [pre != post for const, pre, post in slow.forwards if const > 0]
     assert extends and all(extends)
+    assert decodes and all(decodes)
+
+
+class _SlowForward(LogitsModel):
+    spin_cycles = 8_000_000  # ~4 ms before the KV write: a post pass that did not wait for it would run first
+
+
+def test_a_replayed_decode_s_post_pass_beside_the_logits_follows_every_kv_write():
+    runner = MiniRunner(server_args(), device="cuda", max_reqs=8, model_cls=_SlowForward)
+    manager = runner.canary_manager
+    manager.ops = slow = _SlowPrePass(manager.ops)
+    graphs = GraphRunner(runner)  # captures the forks at the logits
+    mark_init_finished(manager)
+    sched = Scheduler(runner)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
+    runner.forward(sched.extend(reqs))
+    for i in range(4):
+        _replay_decode(runner, graphs, sched.decode(reqs, [40 + i, 50 + i]))
+    # Fingerprints taken before the slow forward's KV write would differ from the KV the next passes read.
+    assert manager.flush() == []
+    assert manager.stats().tokens_protected == 5 + 4 * 2
+    # A decode's post pass, captured, was enqueued on the pre pass's stream: beside the logits.
+    decodes = [pre == post for const, pre, post in slow.forwards if const > 0]
     assert decodes and all(decodes)

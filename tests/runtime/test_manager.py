@@ -9,6 +9,7 @@ from canary_instrument.runtime import CanaryWiringError, install_canary, mark_in
 from canary_instrument.runtime.reports.stats import StatsLine
 
 from .mini_engine import (
+    LogitsModel,
     MHATokenToKVPool,
     MiniRunner,
     NestedModel,
@@ -189,6 +190,37 @@ def test_only_the_outermost_forward_is_bracketed(dev):
     assert runner.model.forward_calls == 1  # the inner language-model forward ran once...
     assert [c["kernel"] for c in ops.calls] == ["pre", "post"]  # ...and was bracketed once
     assert runner.canary_manager.flush() == []
+
+
+def test_a_decode_s_post_pass_starts_beside_the_model_s_logits(dev):
+    runner, sched, ops = _runner(dev, model_cls=LogitsModel)
+    manager = runner.canary_manager
+    mark_init_finished(manager)
+    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
+    runner.forward(sched.extend(reqs))
+    for i in range(3):
+        runner.forward(sched.decode(reqs, [40 + i, 50 + i]))
+    # Every pass ran, each once a forward, and the post passes fingerprinted the KV the forwards wrote: clean.
+    assert [c["kernel"] for c in ops.calls] == ["pre", "post"] * 4
+    assert manager.flush() == []
+    assert manager.stats().tokens_protected == 5 + 3 * 2
+    if dev == "cuda":
+        # An extend's passes on its forward's stream; a decode's both on the second stream, the post pass forked at
+        # the logits (the forward's stream waited for them when the model returned).
+        pre, post = ops.streams[0::2], ops.streams[1::2]
+        forward = runner.model.streams
+        assert pre[0] == post[0] == forward[0]
+        assert all(q == p != f for p, q, f in zip(pre[1:], post[1:], forward[1:]))
+
+
+def test_unbracketing_the_model_removes_its_logits_hook(dev):
+    from canary_instrument.runtime.step.bracket import logits_modules, unbracket_model_forward
+
+    runner = _runner(dev, model_cls=LogitsModel)[0]
+    assert logits_modules(runner.model) == [runner.model.logits_processor]
+    assert len(runner.model.logits_processor._forward_pre_hooks) == 1
+    unbracket_model_forward(runner.model)
+    assert not runner.model.logits_processor._forward_pre_hooks
 
 
 def test_installing_twice_on_one_model_is_refused(dev):

@@ -4,6 +4,10 @@ The model is called as sglang models are, ``forward(input_ids, positions, forwar
 the forward batch (third argument or ``forward_batch=``) is what the pre-ops plan from. Only the
 outermost call is bracketed: a model whose forward re-enters itself (as
 vision-language models do around their language model) must not verify and write twice.
+
+Each of the model's logits modules (sglang's ``LogitsProcessor``, whose forward every generating model calls
+after its last layer: the class or a subclass) tells the manager when the logits begin, where a decode's post
+pass may start beside them (``beside.py``): a forward pre-hook, which fires when the model calls the module.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 from canary_instrument.runtime.setup.instance_wrap import remember, unbind
 
 _MARK = "__kv_canary_bracketed__"
+_LOGITS_HOOKS = "__kv_canary_logits_hooks__"  # on the model: the hooks' handles, for unbracket_model_forward
+LOGITS_CLASS = "LogitsProcessor"  # sglang's logits module (srt/layers/logits_processor.py), subclasses included
 
 
 def bracket_model_forward(model: Any, manager: Any) -> None:
@@ -52,6 +58,24 @@ def bracket_model_forward(model: Any, manager: Any) -> None:
     setattr(forward, _MARK, True)
     remember(forward, original, owner)
     model.forward = forward
+    hook = _logits_hook(manager)
+    model.__dict__[_LOGITS_HOOKS] = [module.register_forward_pre_hook(hook) for module in logits_modules(model)]
+
+
+def logits_modules(model: Any) -> list:
+    """The model's submodules that compute its logits (an instance of a class named ``LOGITS_CLASS``, or of a
+    subclass); none for a model that is not a torch module."""
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return []
+    return [m for m in modules() if any(cls.__name__ == LOGITS_CLASS for cls in type(m).__mro__)]
+
+
+def _logits_hook(manager: Any):
+    def hook(_module: Any, _args: tuple) -> None:
+        manager.logits_ops_maybe_inside_graph()
+
+    return hook
 
 
 def unbracket_model_forward(model: Any) -> None:
@@ -59,3 +83,5 @@ def unbracket_model_forward(model: Any) -> None:
     forward = model.__dict__.get("forward")
     if forward is not None and getattr(forward, _MARK, False):
         del model.forward
+    for handle in model.__dict__.pop(_LOGITS_HOOKS, ()):
+        handle.remove()
