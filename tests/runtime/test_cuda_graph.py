@@ -8,13 +8,13 @@ import torch
 from canary_instrument.runtime import CanaryHealthError, mark_init_finished
 from canary_instrument.runtime.setup import instance_wrap
 
-from .mini_engine import GraphRunner, LogitsModel, MiniRunner, Scheduler, draft_step_batches, server_args
+from .mini_engine import GraphRunner, LogitsModel, MiniRunner, Scheduler, TinyModel, draft_step_batches, server_args
 
 pytestmark = pytest.mark.gpu
 
 
-def _target(layout="mha"):
-    runner = MiniRunner(server_args(), layout=layout, device="cuda", max_reqs=8)
+def _target(layout="mha", model_cls=TinyModel):
+    runner = MiniRunner(server_args(), layout=layout, device="cuda", max_reqs=8, model_cls=model_cls)
     graphs = GraphRunner(runner)
     mark_init_finished(runner.canary_manager)
     return runner, Scheduler(runner), graphs
@@ -45,9 +45,10 @@ def test_replay_with_changing_batches_is_clean_and_counted(layout):
     assert rows[reqs[1].slots[-1], :2].tolist() == [reqs[1].tokens[-1], len(reqs[1].slots) - 1]
 
 
+@pytest.mark.parametrize("model_cls", [TinyModel, LogitsModel], ids=["post-after-model", "post-beside-logits"])
 @pytest.mark.parametrize("fault", ["remap", "kv_byte"])
-def test_replay_catches_faults(fault):
-    runner, sched, graphs = _target()
+def test_replay_catches_faults(fault, model_cls):
+    runner, sched, graphs = _target(model_cls=model_cls)
     reqs = [sched.new_request([1, 2, 3, 4]), sched.new_request([5, 6, 7, 8])]
     runner.forward(sched.extend(reqs))
     _replay_decode(runner, graphs, sched.decode(reqs, [10, 11]))
