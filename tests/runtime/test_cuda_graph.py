@@ -169,17 +169,24 @@ class _SlowPrePass:
         return getattr(self._ops, name)
 
 
-def test_a_decode_s_pre_pass_runs_beside_its_forward_and_lands_before_the_post_pass():
-    runner = MiniRunner(server_args(), device="cuda", max_reqs=8)
+def _served_with_a_slow_pre_pass(decodes, model_cls=TinyModel):
+    """Two requests prefilled, then ``decodes`` replayed decode steps, with the pre pass spinning first (captured
+    so in the graphs); the runner, its manager, the slow ops and the requests."""
+    runner = MiniRunner(server_args(), device="cuda", max_reqs=8, model_cls=model_cls)
     manager = runner.canary_manager
     manager.ops = slow = _SlowPrePass(manager.ops)
-    graphs = GraphRunner(runner)  # captures the slow pre pass
+    graphs = GraphRunner(runner)
     mark_init_finished(manager)
     sched = Scheduler(runner)
     reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
     runner.forward(sched.extend(reqs))
-    for i in range(3):
+    for i in range(decodes):
         _replay_decode(runner, graphs, sched.decode(reqs, [40 + i, 50 + i]))
+    return runner, manager, slow, reqs
+
+
+def test_a_decode_s_pre_pass_runs_beside_its_forward_and_lands_before_the_post_pass():
+    runner, manager, slow, reqs = _served_with_a_slow_pre_pass(3)
     # The post pass checked the rows the delayed pre pass wrote: clean, and every new token counted.
     assert manager.flush() == []
     assert manager.stats().tokens_protected == 5 + 3 * 2
@@ -198,16 +205,7 @@ class _SlowForward(LogitsModel):
 
 
 def test_a_replayed_decode_s_post_pass_beside_the_logits_follows_every_kv_write():
-    runner = MiniRunner(server_args(), device="cuda", max_reqs=8, model_cls=_SlowForward)
-    manager = runner.canary_manager
-    manager.ops = slow = _SlowPrePass(manager.ops)
-    graphs = GraphRunner(runner)  # captures the forks at the logits
-    mark_init_finished(manager)
-    sched = Scheduler(runner)
-    reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5])]
-    runner.forward(sched.extend(reqs))
-    for i in range(4):
-        _replay_decode(runner, graphs, sched.decode(reqs, [40 + i, 50 + i]))
+    runner, manager, slow, _ = _served_with_a_slow_pre_pass(4, model_cls=_SlowForward)
     # Fingerprints taken before the slow forward's KV write would differ from the KV the next passes read.
     assert manager.flush() == []
     assert manager.stats().tokens_protected == 5 + 4 * 2
