@@ -25,9 +25,14 @@ def _replay_decode(runner, graphs, batch):
         graphs.replay([batch])
 
 
+POST_PLACES = pytest.mark.parametrize("model_cls", [TinyModel, LogitsModel],
+                                      ids=["post-after-model", "post-beside-logits"])
+
+
+@POST_PLACES
 @pytest.mark.parametrize("layout", ["mha", "mla", "swa"])
-def test_replay_with_changing_batches_is_clean_and_counted(layout):
-    runner, sched, graphs = _target(layout)
+def test_replay_with_changing_batches_is_clean_and_counted(layout, model_cls):
+    runner, sched, graphs = _target(layout, model_cls)
     reqs = [sched.new_request([1, 2, 3]), sched.new_request([4, 5, 6, 7, 8]), sched.new_request([9])]
     runner.forward(sched.extend(reqs))
     schedule = [reqs[:2], reqs, reqs[1:2], reqs, reqs[::2]]  # batch sizes 2, 3 (padded to 4), 1, 3, 2
@@ -45,7 +50,7 @@ def test_replay_with_changing_batches_is_clean_and_counted(layout):
     assert rows[reqs[1].slots[-1], :2].tolist() == [reqs[1].tokens[-1], len(reqs[1].slots) - 1]
 
 
-@pytest.mark.parametrize("model_cls", [TinyModel, LogitsModel], ids=["post-after-model", "post-beside-logits"])
+@POST_PLACES
 @pytest.mark.parametrize("fault", ["remap", "kv_byte"])
 def test_replay_catches_faults(fault, model_cls):
     runner, sched, graphs = _target(model_cls=model_cls)
