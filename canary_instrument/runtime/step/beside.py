@@ -14,7 +14,7 @@ both passes off the step's critical path: their dependency chains, not their ban
 (docs/kernels.md, "A decode step at batch 1"). Inside a CUDA graph capture the forks and the join are recorded
 as the graph's edges (torch's multi-stream capture), so a replay runs them with no host work.
 
-An extend keeps its pre pass in line: sglang may capture it piecewise (torch.compile), where a fork made in one
+An extend keeps both passes in line: sglang may capture it piecewise (torch.compile), where a fork made in one
 piece's graph cannot join in another's; so does any forward traced by torch.compile, and every forward off
 CUDA (the torch reference has no streams). A pre pass that finds a violation reports it as in line: the
 forward it ran beside reads what the pass read, since the forward writes none of it.
