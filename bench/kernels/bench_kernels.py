@@ -443,14 +443,15 @@ def small_batches(results):
 
 BESIDE = [(1, 1024), (8, 1024), (8, 8192), (16, 1024), (16, 8192), (32, 1024), (64, 1024), (64, 4096), (256, 1024)]
 BESIDE_PROGRAMS_PER_SM = (16, 1)  # the runtime's grid, and the narrowest
-HIDDEN, QKV, FFN = 4096, 6144, 14336  # Llama-3-8B: one layer's projections
+HIDDEN, QKV, FFN, VOCAB = 4096, 6144, 14336, 128256  # Llama-3-8B: one layer's projections, the LM head
 
 
 class StandInForward:
     """A Llama-3-8B decode forward's memory traffic at a batch and context (32 layers of bf16 projections and a
-    grouped-query attention read of each request's context), for timing the canary passes beside a forward
-    without a model: at small batches a decode streams its weights, which is what a pass beside it competes
-    with. Distinct weights per layer; the KV of LAYER_BUFFERS layers, reused round-robin (L2 holds neither)."""
+    grouped-query attention read of each request's context, then the LM head's logits), for timing the canary
+    passes beside a forward without a model: at small batches a decode streams its weights, which is what a pass
+    beside it competes with. Distinct weights per layer; the KV of LAYER_BUFFERS layers, reused round-robin (L2
+    holds neither)."""
 
     def __init__(self, reqs: int, ctx: int):
         def weight(rows, cols):
@@ -460,10 +461,12 @@ class StandInForward:
                        for _ in range(LAYERS)]
         self.kv = [torch.empty((2, reqs, 8, ctx, 128), dtype=torch.bfloat16, device=DEV).normal_()
                    for _ in range(LAYER_BUFFERS)]
+        self.lm_head = weight(HIDDEN, VOCAB)
         self.x = torch.randn((reqs, HIDDEN), dtype=torch.bfloat16, device=DEV)
         self.reqs = reqs
 
-    def __call__(self):
+    def body(self):
+        """The layers: every KV read (and, in a model, written) here; the last hidden state."""
         x = self.x
         for i, (w_qkv, w_o, w_up, w_down) in enumerate(self.layers):
             q = (x @ w_qkv)[:, :HIDDEN].view(self.reqs, 32, 1, 128)
@@ -474,13 +477,20 @@ class StandInForward:
             x = x + (torch.nn.functional.silu(gate) * up) @ w_down
         return x
 
+    def logits(self, x):
+        return x @ self.lm_head
+
+    def __call__(self):
+        return self.logits(self.body())
+
 
 def beside_forward(results, repeats=3):
     """What the canary adds to a decode step, against a stand-in forward in one CUDA graph: the passes in line
-    (mark and pre pass before the forward, post pass after), and the mark and pre pass on a second stream beside
-    the forward (the runtime's ``Beside``) at several grids, the post pass after the join. Served passes
-    (freed-slot mark, status publish), realkv=partial, request-side checks as --request-side says. Every
-    variant's replay is timed ``repeats`` times, interleaved with the others; the median per variant."""
+    (mark and pre pass before the forward, post pass after); the mark and pre pass on a second stream beside the
+    forward (the runtime's ``Beside``) at several grids, the post pass after the join; and, as the runtime serves
+    a model with a logits module, the post pass forked onto that stream too at the logits (``Beside.fork_post``).
+    Served passes (freed-slot mark, status publish), realkv=partial, request-side checks as --request-side says.
+    Every variant's replay is timed ``repeats`` times, interleaved with the others; the median per variant."""
     from canary_instrument.runtime.checks.request_side import make_freed_buffer
     from canary_instrument.runtime.passes.status import allocate_status
     from canary_instrument.runtime.step.beside import Beside
@@ -511,8 +521,18 @@ def beside_forward(results, repeats=3):
                 post.post_forward(state, plan)
             return step
 
+        def post_at_the_logits():
+            with beside.fork(plan):
+                post.pre_forward(state, plan, ids)
+            x = forward.body()
+            with beside.fork_post():
+                post.post_forward(state, plan)
+            forward.logits(x)
+            beside.join()
+
         variants = {"forward": forward, "in line": in_line}
         variants.update({f"beside, {n}/SM": beside_at(n) for n in BESIDE_PROGRAMS_PER_SM})
+        variants["beside, post at the logits"] = post_at_the_logits
         graphs = {name: graph_of(fn) for name, fn in variants.items()}
         times = {name: [] for name in graphs}
         for _ in range(repeats):
