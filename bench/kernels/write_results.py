@@ -240,16 +240,20 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
     found = newest(runs, "beside")
     if found:
         name, r = found
+        logits = any(w["variant"] == "beside, post at the logits" for w in r["beside"])  # runs since the LM head
         lines += [
             "## The passes beside a decode forward (`bench_kernels.py --only beside`)",
             "",
             "What the canary adds to one CUDA-graph replay of a stand-in Llama-3-8B decode forward (32 layers of"
-            " bf16 projections and a grouped-query attention read of each request's context; no model), realkv="
+            " bf16 projections and a grouped-query attention read of each request's context"
+            + (", then the LM head's logits" if logits else "") + "; no model), realkv="
             "partial, served passes (freed-slot mark, status publish), request-side checks on: *in line*, the mark"
             " and pre pass before the forward and the post pass after it; *beside*, the mark and pre pass on a"
             " second stream beside the forward (the runtime's `Beside`) at the grid given, the post pass (16"
-            " programs/SM) after the join. Each variant timed three times, interleaved; the median, and the"
-            " spread of the three.",
+            " programs/SM) after the join"
+            + ("; *beside, post at the logits*, as the runtime serves a model with a logits module: the post"
+               " pass forked onto that stream too when the logits begin" if logits else "")
+            + ". Each variant timed three times, interleaved; the median, and the spread of the three.",
             "",
             table(["requests x context", "variant", "replay (ms)", "added (us)", "added (%)", "spread (us)",
                    "violations"],

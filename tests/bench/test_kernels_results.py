@@ -28,3 +28,16 @@ def test_a_run_every_table_of_which_a_newer_run_replaced_is_refused():
     verify_scaling = dict(runs)["h100_verify_scaling.json"]
     with pytest.raises(SystemExit, match="h100_verify_scaling.json"):
         write_results.render(runs + [("newer.json", verify_scaling)], plan_width)
+
+
+def test_a_beside_run_with_the_post_pass_at_the_logits_says_its_stand_in_ends_with_them():
+    import copy
+
+    runs, plan_width = write_results.load()
+    runs = [(name, copy.deepcopy(run)) for name, run in runs]
+    beside = next(run for _, run in runs if "beside" in run)
+    assert "LM head" not in write_results.render(runs, plan_width)
+    beside["beside"].append(dict(beside["beside"][1], variant="beside, post at the logits"))
+    page = write_results.render(runs, plan_width)
+    assert "then the LM head's logits" in page and "*beside, post at the logits*" in page
+    assert "| 1 x 1024 | beside, post at the logits |" in page
