@@ -58,8 +58,11 @@ def bracket_model_forward(model: Any, manager: Any) -> None:
     setattr(forward, _MARK, True)
     remember(forward, original, owner)
     model.forward = forward
-    hook = _logits_hook(manager)
-    model.__dict__[_LOGITS_HOOKS] = [module.register_forward_pre_hook(hook) for module in logits_modules(model)]
+
+    def at_logits(_module: Any, _args: tuple) -> None:
+        manager.logits_ops_maybe_inside_graph()
+
+    model.__dict__[_LOGITS_HOOKS] = [module.register_forward_pre_hook(at_logits) for module in logits_modules(model)]
 
 
 def logits_modules(model: Any) -> list:
@@ -69,13 +72,6 @@ def logits_modules(model: Any) -> list:
     if not callable(modules):
         return []
     return [m for m in modules() if any(cls.__name__ == LOGITS_CLASS for cls in type(m).__mro__)]
-
-
-def _logits_hook(manager: Any):
-    def hook(_module: Any, _args: tuple) -> None:
-        manager.logits_ops_maybe_inside_graph()
-
-    return hook
 
 
 def unbracket_model_forward(model: Any) -> None:

@@ -35,10 +35,9 @@ class SingleForwardManager:
         # One step of a multi-layer EAGLE chain (CanaryManager.mark_chain_step): checked where that is sound.
         self.chain = False
         self.phase = IDLE
-        # The plan of the forward in flight (pre-ops to post-ops); inside a CUDA graph, the plan
-        # captured with the graph's static batch.
+        # The plan of the forward in flight (pre-ops to the post pass: at the logits or the post-ops); inside a
+        # CUDA graph, the plan captured with the graph's static batch.
         self.plan: Optional[PlanInputs] = None
-        self._post_beside = False  # this forward's post pass was forked beside its logits
 
     def expect(self, allowed: tuple[str, ...], action: str) -> None:
         if self.phase not in allowed:
@@ -52,7 +51,6 @@ class SingleForwardManager:
         if steps.init_finished:
             self.expect((PLANNED,), "pre-ops inside the graph")
             self.phase = PRE_DONE
-        self._post_beside = False
         self.plan = plan = plan_from_batch(forward_batch, self._enabled, index=self.index, draft=self._draft,
                                            chain=self.chain)
         if plan is not None:
@@ -64,24 +62,22 @@ class SingleForwardManager:
     def logits_ops_maybe_inside_graph(self) -> None:
         """At the model's logits: the post pass beside them, where the pre pass ran beside the forward (``beside.py``);
         once per forward."""
-        plan = self.plan
-        if plan is None or self._post_beside:
+        if self.plan is None:
             return
         context = self._beside.fork_post()
         if context is None:
             return
+        plan, self.plan = self.plan, None  # consumed here: the post-ops only join
         with context:
             self.ops.post_forward(self._state, plan)
-        self._post_beside = True
 
     def post_ops_maybe_inside_graph(self) -> None:
         if self._steps.init_finished:
             self.expect((PRE_DONE,), "post-ops inside the graph")
             self.phase = POST_DONE
         plan, self.plan = self.plan, None
-        beside, self._post_beside = self._post_beside, False
         self._beside.join()
-        if plan is not None and not beside:
+        if plan is not None:
             self.ops.post_forward(self._state, plan)
 
 
