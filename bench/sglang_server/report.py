@@ -354,9 +354,9 @@ def ranks_markdown(suites: dict) -> list[str]:
         return []
     out = ["", "## Tensor parallel: every rank's canary (`tp2`)", "",
            f"Machine: {suites['tp2'].get(DEVICE, '?')}, `tp_size=2`: one scheduler process, KV shard and canary "
-           "manager per GPU. Violations per rank: the `kv_canary violation` lines each rank logged; the combined line: the "
-           "last `kv_canary ranks:` line of the lowest rank, which every rank's counts reach through an all-gather "
-           "every 16 steps.", "",
+           "manager per GPU. Violations per rank: the `kv_canary violation` lines each rank logged; the combined "
+           "line: the last `kv_canary ranks:` line of the lowest rank, which every rank's counts reach through an "
+           "all-gather every 16 steps.", "",
            "| run | violations logged, rank 0 / rank 1 | combined line: step | ranks | violations | rows written | "
            "unhealthy ranks |", "|---|---|---|---|---|---|---|"]
     for name, run in runs:
