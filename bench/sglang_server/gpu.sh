@@ -4,7 +4,7 @@
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
 #                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-c,
 #                                                    cost-1b-a, cost-1b-b, cost-1b-c, http, http-off, http-ours, http-upstream,
-#                                                    deploy, mtp, tp2, profile)
+#                                                    deploy, mtp, tp2, profile, profile-1b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
 # a scratch folder, once. When every part is in: instruments a copy of the release's sglang package
@@ -189,21 +189,24 @@ for suite in "$@"; do
         done
         wait
         ;;
-    profile)
-        # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B at 1 x 1k and at 8 x 1k (the
-        # 8B's cost cell over its bar; PROFILE_BATCHES picks others), sglang's own profiler over 64 decode steps,
-        # canary off then ours, about a minute each. The traces (tens of MB) stay on the machine; the archive keeps
-        # each way's log and summary.json (a batch other than 1 names its shape: profile-log-8x1024). Batch 1 with
-        # Python stacks (the canary's host time); other batches without (--no-stack): with them, ours' step at 8
-        # requests waited on the profiled host, so its device time was of another step than the timed one's.
+    profile|profile-1b)
+        # Where the canary's time goes in a decode step (profile_step.py): Llama-3-8B (profile-1b: Llama-3.2-1B,
+        # whose step is a few ms) at 1 x 1k and at 8 x 1k (PROFILE_BATCHES picks others), sglang's own profiler over
+        # 64 decode steps, canary off then ours, about a minute each. The traces (tens of MB) stay on the machine;
+        # the archive keeps each way's log and summary.json (a batch other than 1 names its shape:
+        # profile-log-8x1024). Batch 1 with Python stacks (the canary's host time); other batches without
+        # (--no-stack): with them, ours' step at 8 requests waited on the profiled host, so its device time was of
+        # another step than the timed one's.
+        model=llama3-8b; [ "$suite" = profile-1b ] && model=llama3.2-1b
         for batch in ${PROFILE_BATCHES:-1 8}; do
             shape=""; stack=(); [ "$batch" = 1 ] || { shape=-${batch}x1024; stack=(--no-stack); }
             for way in none log; do
                 path=$RELEASE; [ $way = log ] && path=$OURS
-                PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces" \
-                    --kv-canary $way --batch "$batch" "${stack[@]}" >"$RUNS/profile-$way$shape.log" 2>&1
-                echo "gpu.sh: profile-$way$shape exit $? ($(date +%T))"
-                cp "$WORK/traces/$way-${batch}x1024/summary.json" "$RUNS/profile-$way$shape.summary.json" 2>/dev/null
+                PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces/$model" \
+                    --model $model --kv-canary $way --batch "$batch" "${stack[@]}" >"$RUNS/profile-$way$shape.log" 2>&1
+                echo "gpu.sh: $suite-$way$shape exit $? ($(date +%T))"
+                cp "$WORK/traces/$model/$way-${batch}x1024/summary.json" "$RUNS/profile-$way$shape.summary.json" \
+                    2>/dev/null
             done
         done
         ;;

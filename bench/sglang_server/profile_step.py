@@ -201,7 +201,7 @@ def run(args) -> None:
     ns = argparse.Namespace(attention_backend="triton", seed=1, kv_canary=args.kv_canary, real_data="partial",
                             mem_fraction=0.85, prefill_graph="disabled", kv_canary_sweep_interval=0, hicache=False,
                             tp=1)
-    kw = engine_args(ns, write_model("llama3-8b", Path(args.models)), None)
+    kw = engine_args(ns, write_model(args.model, Path(args.models)), None)
     # As serve.py cost (where the batch-1 figure was measured): a 256-request pool, a decode graph for the batch.
     kw.update(max_running_requests=256, cuda_graph_bs_decode=[args.batch], chunked_prefill_size=8192)
     engine = sglang.Engine(**kw)
@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch", type=int, default=1)
     r.add_argument("--context", type=int, default=1024)
     r.add_argument("--steps", type=int, default=64)
+    r.add_argument("--model", default="llama3-8b", help="a model of models.py (its config, random weights)")
     r.add_argument("--no-stack", action="store_true", help="profile without Python stacks (no host attribution)")
     r.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     a = sub.add_parser("analyse")

@@ -335,7 +335,8 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
             out += cost_markdown(model, suites, cost[model], device)
     out += stall_markdown(suites)
     out += http_markdown(suites)
-    out += profile_markdown(suites)
+    for suite in PROFILE_MODELS:
+        out += profile_markdown(suites, suite)
     out += bugs_markdown(suites)
     return "\n".join(out) + "\n"
 
@@ -471,14 +472,20 @@ def http_markdown(suites: dict) -> list[str]:
     return out
 
 
-def profile_markdown(suites: dict) -> list[str]:
-    """The per-step profile (profile_step.py, ``profile`` suite): each way's trace summary, median per decode step."""
+# profile suite -> the model it profiles (gpu.sh)
+PROFILE_MODELS = {"profile": "Llama-3-8B (32 layers)", "profile-1b": "Llama-3.2-1B (16 layers)"}
+
+
+def profile_markdown(suites: dict, suite: str = "profile") -> list[str]:
+    """A per-step profile suite (profile_step.py, ``profile`` or ``profile-1b``): each way's trace summary, median per
+    decode step."""
     runs = {name.removeprefix("profile-").removesuffix(".summary"): run["json"]
-            for name, run in suites.get("profile", {}).items() if name.endswith(".summary") and run["json"]}
+            for name, run in suites.get(suite, {}).items() if name.endswith(".summary") and run["json"]}
     if not runs:
         return []
-    out = ["", "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)", "",
-           f"Machine: {suites['profile'].get(DEVICE, '?')}. Llama-3-8B (32 layers), batch 1 x 1024 context unless the way "
+    title = "" if suite == "profile" else f", {PROFILE_MODELS[suite].split(' (')[0]}"
+    out = ["", f"## Where a decode step's time goes (sglang's profiler, `profile_step.py`{title})", "",
+           f"Machine: {suites[suite].get(DEVICE, '?')}. {PROFILE_MODELS[suite]}, batch 1 x 1024 context unless the way "
            "names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
            "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
            "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
