@@ -488,7 +488,8 @@ def beside_forward(results, repeats=3):
     """What the canary adds to a decode step, against a stand-in forward in one CUDA graph: the passes in line
     (mark and pre pass before the forward, post pass after); the mark and pre pass on a second stream beside the
     forward (the runtime's ``Beside``) at several grids, the post pass after the join; and, as the runtime serves
-    a model with a logits module, the post pass forked onto that stream too at the logits (``Beside.fork_post``).
+    a model with a logits module, the post pass forked onto that stream too at the logits (``Beside.fork_post``);
+    and that placement's forks and join with a one-element store in place of each pass.
     Served passes (freed-slot mark, status publish), realkv=partial, request-side checks as --request-side says.
     Every variant's replay is timed ``repeats`` times, interleaved with the others; the median per variant."""
     from canary_instrument.runtime.checks.request_side import make_freed_buffer
@@ -530,9 +531,24 @@ def beside_forward(results, repeats=3):
             forward.logits(x)
             beside.join()
 
+        token = torch.zeros(1, dtype=torch.int32, device=DEV)
+
+        def forks_alone():
+            # The graph's shape of the served placement (a second branch from the forward's start and another at
+            # its logits, joined at the end) with a one-element store in place of each pass: what the branches
+            # cost the engine's kernels apart from the passes' own work.
+            with beside.fork(plan):
+                token.add_(1)
+            x = forward.body()
+            with beside.fork_post():
+                token.add_(1)
+            forward.logits(x)
+            beside.join()
+
         variants = {"forward": forward, "in line": in_line}
         variants.update({f"beside, {n}/SM": beside_at(n) for n in BESIDE_PROGRAMS_PER_SM})
         variants["beside, post at the logits"] = post_at_the_logits
+        variants["forks alone, no pass"] = forks_alone
         graphs = {name: graph_of(fn) for name, fn in variants.items()}
         times = {name: [] for name in graphs}
         for _ in range(repeats):

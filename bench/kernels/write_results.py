@@ -241,6 +241,7 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
     if found:
         name, r = found
         logits = any(w["variant"] == "beside, post at the logits" for w in r["beside"])  # runs since the LM head
+        forks = any(w["variant"] == "forks alone, no pass" for w in r["beside"])
         lines += [
             "## The passes beside a decode forward (`bench_kernels.py --only beside`)",
             "",
@@ -253,6 +254,9 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
             " programs/SM) after the join"
             + ("; *beside, post at the logits*, as the runtime serves a model with a logits module: the post"
                " pass forked onto that stream too when the logits begin" if logits else "")
+            + ("; *forks alone, no pass*, that placement's forks and join with a one-element store in place of"
+               " each pass: what the graph's second branch costs the forward apart from the passes' work"
+               if forks else "")
             + ". Each variant timed three times, interleaved; the median, and the spread of the three.",
             "",
             table(["requests x context", "variant", "replay (ms)", "added (us)", "added (%)", "spread (us)",

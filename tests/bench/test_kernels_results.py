@@ -43,3 +43,17 @@ def test_a_beside_run_says_its_stand_in_ends_with_the_logits_only_when_it_has_th
     beside["beside"] = [r for r in beside["beside"] if r["variant"] != "beside, post at the logits"]
     page = write_results.render(runs, plan_width)
     assert "LM head" not in page and "post at the logits" not in page
+
+
+def test_a_beside_run_with_the_forks_alone_says_what_they_are():
+    import copy
+
+    runs, plan_width = write_results.load()
+    runs = [(name, copy.deepcopy(run)) for name, run in runs]
+    beside = next(run for _, run in runs if "beside" in run)
+    beside["beside"] = [r for r in beside["beside"] if r["variant"] != "forks alone, no pass"]
+    assert "forks alone" not in write_results.render(runs, plan_width)
+    beside["beside"].append(dict(beside["beside"][1], variant="forks alone, no pass"))
+    page = write_results.render(runs, plan_width)
+    assert "*forks alone, no pass*, that placement's forks and join with a one-element store" in page
+    assert "| 1 x 1024 | forks alone, no pass |" in page
