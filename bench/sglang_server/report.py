@@ -223,8 +223,18 @@ def cost_table(runs: dict[str, dict]) -> list[dict]:
                 "difference_method_ms": diff[way][shape]["step_ms"],
             }
         row["verdict_pct"] = verdict_change(row)
+        # Each engine against the one it was paired with in one call (PAIRS), interval by interval: unlike the
+        # change against canary off, an engine of another call that changed speed during its life moves none of it.
+        row["pairs"] = {f"{way}/{base}": round(100 * statistics.median(
+                            (m - b) / b for (_, m), (_, b) in zip(intervals[way][shape], intervals[base][shape])), 3)
+                        for way, base in PAIRS if way in intervals and base in intervals}
         rows.append(row)
     return rows
+
+
+# (way, the way it is compared with on one machine): ours and canary off (cost-a), ours again and canary off again
+# (cost-b), and ours again against the instrumented copy with the canary off (cost-c, run on cost-b's machine).
+PAIRS = (("ours", "off"), ("ours-again", "off-again"), ("ours-again", "ours-none"))
 
 
 def verdict_change(row: dict) -> float | None:
@@ -289,6 +299,16 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
         change = r.get("verdict_pct")
         verdict = "-" if change is None else f"{'within' if change <= bar else '**over**'} ({change:+.2f} %)"
         out.append(f"| {r['batch']} x {r['context']} | " + " | ".join(cells) + f" | {verdict} |")
+    pairs = [p for p in (f"{w}/{b}" for w, b in PAIRS) if all(p in r.get("pairs", {}) for r in cost)]
+    if pairs:
+        out += ["", "Each pair of one call alone: the median change of the first over the second across the same "
+                "40-step intervals (an engine of the other call that changed speed during its life moves none of "
+                "these):", "",
+                "| batch x context | " + " | ".join(
+                    f"{WAYS[p.split('/')[0]]} against {WAYS[p.split('/')[1]]}" for p in pairs) + " |",
+                "|---|" + "---|" * len(pairs)]
+        out += [f"| {r['batch']} x {r['context']} | " + " | ".join(f"{r['pairs'][p]:+.2f} %" for p in pairs) + " |"
+                for r in cost]
     out += ["", "The same runs by the difference method (wall time of a 208-token run minus a 16-token run "
             "over the same cached prompts, / 192; median of 4), ms per step:", "",
             "| batch x context | " + " | ".join(WAYS[w] for w in ways) + " |", "|---|" + "---|" * len(ways)]

@@ -161,6 +161,28 @@ def test_the_instrumented_copy_with_the_canary_off_is_a_column_of_its_own_not_th
     assert any("*ours' copy, canary off* is the instrumented copy" in line for line in page)
 
 
+def test_each_pair_of_one_call_is_compared_alone_so_a_first_engine_that_changed_speed_moves_none_of_it():
+    tokens = [100, 200, 300, 400]
+    off = run(cost_log([500.0, 500.0, 1000.0, 1000.0], tokens))  # slow for half its life, then normal
+    ours = run(cost_log([990.0] * 4, tokens))
+    off_again = run(cost_log([1000.0] * 4, tokens))
+    ours_again = run(cost_log([995.0] * 4, tokens))
+    ours_none = run(cost_log([1000.0] * 4, tokens))
+    (row,) = report.cost_table({"off": off, "ours": ours, "off-again": off_again, "ours-again": ours_again,
+                                "ours-none": ours_none})
+    assert row["pairs"]["ours-again/off-again"] == pytest.approx(0.5025, abs=1e-3)
+    assert row["pairs"]["ours-again/ours-none"] == pytest.approx(0.5025, abs=1e-3)
+    # ours against the first off: -49.5 % on its slow lines, +1.01 % on the others; the median, between them
+    assert row["pairs"]["ours/off"] == pytest.approx((-49.495 + 1.0101) / 2, abs=1e-2)
+    page = report.cost_markdown("llama3-8b", {}, [row], "an H200")
+    assert ("| batch x context | ours against canary off | ours, again against canary off, again | ours, again "
+            "against ours' copy, canary off |") in page
+    assert "| 8 x 1024 | -24.24 % | +0.50 % | +0.50 % |" in page
+    # With one engine a way there is one pair, and the table has its one column.
+    (alone,) = report.cost_table({"off": off_again, "ours": ours_again})
+    assert alone["pairs"] == {"ours/off": pytest.approx(0.5025, abs=1e-3)}
+
+
 def test_cost_refuses_lines_that_cover_other_steps():
     off = run(cost_log([1000.0, 1000.0], [100, 200]))
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
