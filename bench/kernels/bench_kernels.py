@@ -489,7 +489,8 @@ def beside_forward(results, repeats=3):
     (mark and pre pass before the forward, post pass after); the mark and pre pass on a second stream beside the
     forward (the runtime's ``Beside``) at several grids, the post pass after the join; and, as the runtime serves
     a model with a logits module, the post pass forked onto that stream too at the logits (``Beside.fork_post``);
-    and that placement's forks and join with a one-element store in place of each pass.
+    at the runtime's grid and at one program per SM; and that placement's forks and join with a one-element store
+    in place of each pass.
     Served passes (freed-slot mark, status publish), realkv=partial, request-side checks as --request-side says.
     Every variant's replay is timed ``repeats`` times, interleaved with the others; the median per variant."""
     from canary_instrument.runtime.checks.request_side import make_freed_buffer
@@ -522,14 +523,18 @@ def beside_forward(results, repeats=3):
                 post.post_forward(state, plan)
             return step
 
-        def post_at_the_logits():
-            with beside.fork(plan):
-                post.pre_forward(state, plan, ids)
-            x = forward.body()
-            with beside.fork_post():
-                post.post_forward(state, plan)
-            forward.logits(x)
-            beside.join()
+        def post_at_the_logits_at(per_sm):
+            ops = make_ops((128, 4, per_sm))
+
+            def step():
+                with beside.fork(plan):
+                    ops.pre_forward(state, plan, ids)
+                x = forward.body()
+                with beside.fork_post():
+                    ops.post_forward(state, plan)
+                forward.logits(x)
+                beside.join()
+            return step
 
         token = torch.zeros(1, dtype=torch.int32, device=DEV)
 
@@ -547,7 +552,10 @@ def beside_forward(results, repeats=3):
 
         variants = {"forward": forward, "in line": in_line}
         variants.update({f"beside, {n}/SM": beside_at(n) for n in BESIDE_PROGRAMS_PER_SM})
-        variants["beside, post at the logits"] = post_at_the_logits
+        variants["beside, post at the logits"] = post_at_the_logits_at(16)
+        # The same with both passes one program per SM: fewer programs beside to hold SMs the engine's kernels wait
+        # for, where a pass's dependency chain, not its width, sets its time (small batches).
+        variants["beside, post at the logits, 1/SM"] = post_at_the_logits_at(1)
         variants["forks alone, no pass"] = forks_alone
         graphs = {name: graph_of(fn) for name, fn in variants.items()}
         times = {name: [] for name in graphs}

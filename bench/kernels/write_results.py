@@ -253,7 +253,8 @@ def render(runs: list[tuple[str, dict]], plan_width: tuple[str, dict] | None) ->
             " second stream beside the forward (the runtime's `Beside`) at the grid given, the post pass (16"
             " programs/SM) after the join"
             + ("; *beside, post at the logits*, as the runtime serves a model with a logits module: the post"
-               " pass forked onto that stream too when the logits begin" if logits else "")
+               " pass forked onto that stream too when the logits begin (both passes 16 programs/SM, or as the"
+               " variant says)" if logits else "")
             + ("; *forks alone, no pass*, that placement's forks and join with a one-element store in place of"
                " each pass: what the graph's second branch costs the forward apart from the passes' work"
                if forks else "")
