@@ -202,8 +202,9 @@ for suite in "$@"; do
             shape=""; stack=(); [ "$batch" = 1 ] || { shape=-${batch}x1024; stack=(--no-stack); }
             for way in none log; do
                 path=$RELEASE; [ $way = log ] && path=$OURS
-                PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run --out "$WORK/traces/$model" \
-                    --model $model --kv-canary $way --batch "$batch" "${stack[@]}" >"$RUNS/profile-$way$shape.log" 2>&1
+                PYTHONPATH=$path timeout 280 python3 bench/sglang_server/profile_step.py run \
+                    --out "$WORK/traces/$model" --model $model --kv-canary $way --batch "$batch" "${stack[@]}" \
+                    >"$RUNS/profile-$way$shape.log" 2>&1
                 echo "gpu.sh: $suite-$way$shape exit $? ($(date +%T))"
                 cp "$WORK/traces/$model/$way-${batch}x1024/summary.json" "$RUNS/profile-$way$shape.summary.json" \
                     2>/dev/null

@@ -223,8 +223,8 @@ def cost_table(runs: dict[str, dict]) -> list[dict]:
                 "difference_method_ms": diff[way][shape]["step_ms"],
             }
         row["verdict_pct"] = verdict_change(row)
-        # Each engine against the one it was paired with in one call (PAIRS), interval by interval: unlike the
-        # change against canary off, an engine of another call that changed speed during its life moves none of it.
+        # Each engine against the one it ran beside on one machine (PAIRS), interval by interval: unlike the change
+        # against canary off, an engine of another machine that changed speed during its life moves none of it.
         row["pairs"] = {f"{way}/{base}": round(100 * statistics.median(
                             (m - b) / b for (_, m), (_, b) in zip(intervals[way][shape], intervals[base][shape])), 3)
                         for way, base in PAIRS if way in intervals and base in intervals}
@@ -301,8 +301,8 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
         out.append(f"| {r['batch']} x {r['context']} | " + " | ".join(cells) + f" | {verdict} |")
     pairs = [p for p in (f"{w}/{b}" for w, b in PAIRS) if all(p in r.get("pairs", {}) for r in cost)]
     if pairs:
-        out += ["", "Each pair of one call alone: the median change of the first over the second across the same "
-                "40-step intervals (an engine of the other call that changed speed during its life moves none of "
+        out += ["", "Each pair of one machine alone: the median change of the first over the second across the same "
+                "40-step intervals (an engine of another machine that changed speed during its life moves none of "
                 "these):", "",
                 "| batch x context | " + " | ".join(
                     f"{WAYS[p.split('/')[0]]} against {WAYS[p.split('/')[1]]}" for p in pairs) + " |",
@@ -492,21 +492,22 @@ def http_markdown(suites: dict) -> list[str]:
     return out
 
 
-# profile suite -> the model it profiles (gpu.sh)
-PROFILE_MODELS = {"profile": "Llama-3-8B (32 layers)", "profile-1b": "Llama-3.2-1B (16 layers)"}
+# profile suite -> the model it profiles (gpu.sh) and its layers
+PROFILE_MODELS = {"profile": ("Llama-3-8B", 32), "profile-1b": ("Llama-3.2-1B", 16)}
 
 
-def profile_markdown(suites: dict, suite: str = "profile") -> list[str]:
+def profile_markdown(suites: dict, suite: str) -> list[str]:
     """A per-step profile suite (profile_step.py, ``profile`` or ``profile-1b``): each way's trace summary, median per
     decode step."""
     runs = {name.removeprefix("profile-").removesuffix(".summary"): run["json"]
             for name, run in suites.get(suite, {}).items() if name.endswith(".summary") and run["json"]}
     if not runs:
         return []
-    title = "" if suite == "profile" else f", {PROFILE_MODELS[suite].split(' (')[0]}"
+    model, layers = PROFILE_MODELS[suite]
+    title = "" if suite == "profile" else f", {model}"  # the 8B's section keeps the title it has always had
     out = ["", f"## Where a decode step's time goes (sglang's profiler, `profile_step.py`{title})", "",
-           f"Machine: {suites[suite].get(DEVICE, '?')}. {PROFILE_MODELS[suite]}, batch 1 x 1024 context unless the way "
-           "names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
+           f"Machine: {suites[suite].get(DEVICE, '?')}. {model} ({layers} layers), batch 1 x 1024 context unless the "
+           "way names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
            "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
            "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
            "canary's code; kernels: the device time of the canary's own kernels and of what its code launched; "

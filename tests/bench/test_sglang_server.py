@@ -412,9 +412,11 @@ def profile_summary(step_us: float, gemm_us: float, canary_us: float) -> dict:
 
 def test_each_profile_suite_has_its_own_section_naming_its_model():
     def suite(step_off, step_on):
+        def summary(json):
+            return {"json": json, "log": "", "watch": None}
         return {report.DEVICE: "NVIDIA H200",
-                "profile-none-8x1024.summary": {"json": profile_summary(step_off, 100.0, 0.0), "log": "", "watch": None},
-                "profile-log-8x1024.summary": {"json": profile_summary(step_on, 104.0, 30.0), "log": "", "watch": None}}
+                "profile-none-8x1024.summary": summary(profile_summary(step_off, 100.0, 0.0)),
+                "profile-log-8x1024.summary": summary(profile_summary(step_on, 104.0, 30.0))}
 
     suites = {"profile": suite(5363.0, 5352.0), "profile-1b": suite(1368.0, 1396.0)}
     eight_b, one_b = report.profile_markdown(suites, "profile"), report.profile_markdown(suites, "profile-1b")
