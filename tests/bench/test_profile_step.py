@@ -102,7 +102,7 @@ def profile_page(tmp_path, summaries: dict) -> list[str]:
     (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
     with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
         tar.add(folder, arcname="profile")
-    return report.profile_markdown(report.read_runs(tmp_path))
+    return report.profile_markdown(report.read_runs(tmp_path), "profile")
 
 
 def test_the_report_shows_each_ways_summary(tmp_path):
