@@ -45,6 +45,22 @@ WAYS = {"off": "canary off", "ours": "ours", "upstream": "sglang's own", "off-ag
 CORRECTNESS_SUITES = ("correctness", "correctness2", "gate", "attrib")
 # A suite another release ran (gpu.sh with SGLANG_RELEASE=0.5.14): its archive's folder is "0.5.14-gate" and so on.
 OTHER_RELEASE = re.compile(r"^(\d+(?:\.\d+)+)-")
+GPU_SH = "bash bench/sglang_server/gpu.sh"
+
+
+def commands(suites, wanted, device: str = "?") -> str:
+    """The gpu.sh calls that made the archives of ``wanted`` (suite names) found in ``suites``: one per release and
+    machine (another release's archives are named ``0.5.14-SUITE``, made with SGLANG_RELEASE=0.5.14), each naming
+    its machine when they differ (``device``: the machine of archives that carry none)."""
+    calls: dict[tuple[str, str], list[str]] = {}
+    for suite in sorted(s for s in suites if OTHER_RELEASE.sub("", s) in wanted):
+        other = OTHER_RELEASE.match(suite)
+        key = (other.group(1) if other else "", suites[suite].get(DEVICE, device).split(",")[0])
+        calls.setdefault(key, []).append(OTHER_RELEASE.sub("", suite))
+    several = len({machine for _, machine in calls}) > 1
+    out = [f"`{f'SGLANG_RELEASE={release} ' if release else ''}{GPU_SH} {' '.join(names)}`"
+           + (f" ({machine})" if several else "") for (release, machine), names in sorted(calls.items())]
+    return f"Command{'s' if len(out) > 1 else ''}: {'; '.join(out)}." if out else ""
 
 
 def read_runs(folder: Path) -> dict[str, dict[str, dict]]:
@@ -273,7 +289,8 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
     (first, *others), title, bar = COST_MODELS[model]
     ways = [w for w in WAYS if w in cost[0]]
     out = ["", f"## Cost per decode step ({title})", "",
-           f"Machine: {device_of(suites, first, device)}.", "",
+           f"Machine: {device_of(suites, first, device)}. "
+           + commands(suites, (first, *others), device), "",
            "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
            "off over the same 40-step intervals (per interval, then the median). Canary off's step is its "
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
@@ -330,6 +347,8 @@ def markdown(suites: dict, correctness: list[dict], cost: dict, device: str) -> 
            + ("".join(f" Suites and runs named `{r}-...` ran sglang {r} instead."
                       for r in sorted({m.group(1) for m in map(OTHER_RELEASE.match, suites) if m}))),
            "", "## Correctness (ours, `--kv-canary log --kv-canary-real-data partial`)", "",
+           commands(suites, {OTHER_RELEASE.sub("", r["suite"]) for r in correctness}, device)
+           + " The self-test perturbations below come from the same calls; each row's machine is its own.", "",
            "| suite | run | machine | model | attention | prefill graph | target forwards | decode steps | requests | "
            "tokens generated | prefix tokens reused | `installed` lines | stats lines | violations |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -377,7 +396,7 @@ def ranks_markdown(suites: dict) -> list[str]:
            f"Machine: {suites['tp2'].get(DEVICE, '?')}, `tp_size=2`: one scheduler process, KV shard and canary "
            "manager per GPU. Violations per rank: the `kv_canary violation` lines each rank logged; the combined "
            "line: the last `kv_canary ranks:` line of the lowest rank, which every rank's counts reach through an "
-           "all-gather every 16 steps.", "",
+           "all-gather every 16 steps. " + commands(suites, ("tp2",)), "",
            "| run | violations logged, rank 0 / rank 1 | combined line: step | ranks | violations | rows written | "
            "unhealthy ranks |", "|---|---|---|---|---|---|---|"]
     for name, run in runs:
@@ -413,7 +432,7 @@ def stall_markdown(suites: dict) -> list[str]:
            f"Machine: {suites['stall'].get(DEVICE, '?')}. `serve.py stall`: MHA (Llama-3-8B heads, 4 layers), decode "
            "CUDA graph for batch 1 only, so every larger decode is eager; waves of 1 to 256 requests (each power of "
            "two a plan width takes, and one past it), 32 tokens each, `decode_log_interval=1`. Each engine starts "
-           "with an empty Triton cache but the last, which keeps ours's.", "",
+           "with an empty Triton cache but the last, which keeps ours's. " + commands(suites, ("stall",)), "",
            "| wave (requests) | " + " | ".join(labels[w] + ", wave s" for w in ways) + " |",
            "|---|" + "---|" * len(ways)]
     waves = {w: {x["batch"]: x["wave_s"] for x in runs[w]["json"]["waves"]} for w in ways}
@@ -457,7 +476,8 @@ def http_markdown(suites: dict) -> list[str]:
            "`python -m sglang.bench_serving --backend sglang --dataset-name random-ids` with "
            f"{_argument(meta, '--num-prompts', '96')} prompts of {_argument(meta, '--input-len', '1024')} tokens and "
            f"{_argument(meta, '--output-len', '128')} output tokens (each drawn from half to all of that), a seed per "
-           "rate (the same prompts in every way), after a warm-up run of 16 prompts. TTFT and ITL in ms.", ""]
+           "rate (the same prompts in every way), after a warm-up run of 16 prompts. TTFT and ITL in ms. "
+           + commands(suites, ("http", "deploy")), ""]
     if ways:
         out += ["| rate (req/s) | way | req/s | output tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -496,6 +516,15 @@ def http_markdown(suites: dict) -> list[str]:
 PROFILE_MODELS = {"profile": ("Llama-3-8B", 32), "profile-1b": ("Llama-3.2-1B", 16)}
 
 
+def profile_batches(runs: dict) -> str:
+    """``PROFILE_BATCHES=...`` as gpu.sh was given it for the profiled ways ``runs`` (way-BxC, or way for batch 1),
+    or "" for its default (1 and 8)."""
+    batches = " ".join(map(str, sorted({int(way.partition("-")[2].partition("x")[0] or 1) for way in runs})))
+    if batches == "1 8":
+        return ""
+    return f'PROFILE_BATCHES="{batches}" ' if " " in batches else f"PROFILE_BATCHES={batches} "
+
+
 def profile_markdown(suites: dict, suite: str) -> list[str]:
     """A per-step profile suite (profile_step.py, ``profile`` or ``profile-1b``): each way's trace summary, median per
     decode step."""
@@ -507,11 +536,12 @@ def profile_markdown(suites: dict, suite: str) -> list[str]:
     title = "" if suite == "profile" else f", {model}"  # the 8B's section keeps the title it has always had
     out = ["", f"## Where a decode step's time goes (sglang's profiler, `profile_step.py`{title})", "",
            f"Machine: {suites[suite].get(DEVICE, '?')}. {model} ({layers} layers), batch 1 x 1024 context unless the "
-           "way names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. Host: the outermost `canary_instrument` Python "
+           "way names another (batch x context), decode graph replayed, 64 profiled steps; medians per step. "
+           "Host: the outermost `canary_instrument` Python "
            "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
            "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
            "canary's code; kernels: the device time of the canary's own kernels and of what its code launched; "
-           "device busy: all device work per step.", "",
+           f"device busy: all device work per step. Command: `{profile_batches(runs)}{GPU_SH} {suite}`.", "",
            "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | syncs per step | "
            "calls inside canary frames |",
            "|---|---|---|---|---|---|---|"]
@@ -629,7 +659,8 @@ def bugs_markdown(suites: dict) -> list[str]:
            f"Device: {device}. Each bug is one edit of sglang 0.5.17's own source (`bench/sglang_server/bugs.py`, "
            "applied to the instrumented copy for ours and to the unmodified release for sglang's own canary and "
            "canary off); every run is watched (`watch.py`: a run still going at its limit has its stacks dumped, "
-           "then is killed). MHA (Llama-3-8B heads, 4 layers), `--kv-canary log` unless said."]
+           "then is killed). MHA (Llama-3-8B heads, 4 layers), `--kv-canary log` unless said. "
+           + commands(suites, ("flood", "attrib", "corpus1", "corpus2", "corpus3", "corpus4"), device)]
     if flood:
         out += ["", "### A flood: every decode step corrupts what every request reads (`decode_table_shift`)", "",
                 "3000 planned decode steps each, the same workload; *warm-up* is the first engine on the machine "

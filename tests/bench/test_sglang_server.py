@@ -427,3 +427,22 @@ def test_each_profile_suite_has_its_own_section_naming_its_model():
     assert "| log-8x1024 | 1396.0 | - (no stacks) | 30.0 | 1386.0 | 0 | - |" in one_b
     assert "| 8x1024 | `gemm` | 100.0 | 104.0 | +4.0 |" in one_b
     assert report.profile_markdown({"profile": suites["profile"]}, "profile-1b") == []
+
+
+def test_each_table_names_the_gpu_sh_calls_that_made_it_one_per_release_and_machine():
+    h200, two = {report.DEVICE: "NVIDIA H200, 580"}, {report.DEVICE: "2 x NVIDIA H200, 580"}
+    suites = {"gate": h200, "mtp": h200, "tp2": two, "0.5.14-gate": h200, "correctness": {}, "flood": h200}
+    assert report.commands(suites, {"gate", "mtp", "tp2", "correctness"}, "NVIDIA H100 80GB HBM3, 580") == (
+        "Commands: `bash bench/sglang_server/gpu.sh tp2` (2 x NVIDIA H200); `bash bench/sglang_server/gpu.sh "
+        "correctness` (NVIDIA H100 80GB HBM3); `bash bench/sglang_server/gpu.sh gate mtp` (NVIDIA H200); "
+        "`SGLANG_RELEASE=0.5.14 bash bench/sglang_server/gpu.sh gate` (NVIDIA H200).")
+    assert report.commands(suites, ("gate", "mtp")) == (
+        "Commands: `bash bench/sglang_server/gpu.sh gate mtp`; `SGLANG_RELEASE=0.5.14 bash bench/sglang_server/gpu.sh "
+        "gate`.")  # one machine: not named
+    assert report.commands(suites, ("cost-a",)) == ""
+
+
+def test_the_profile_command_gives_the_batches_only_when_they_are_not_the_default():
+    assert report.profile_batches({"none": {}, "log": {}, "none-8x1024": {}, "log-8x1024": {}}) == ""
+    assert report.profile_batches({"none-8x1024": {}, "log-8x1024": {}}) == "PROFILE_BATCHES=8 "
+    assert report.profile_batches({"none": {}, "none-16x1024": {}}) == 'PROFILE_BATCHES="1 16" '
