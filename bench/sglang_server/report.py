@@ -230,7 +230,7 @@ def cost_table(runs: dict[str, dict]) -> list[dict]:
             if [t for t, _ in lines] != [t for t, _ in base]:
                 raise SystemExit(f"report: {way} {shape}: its decode lines do not cover the same steps as off's")
             ms = [m for _, m in lines]
-            change = statistics.median((m - b) / b for m, b in zip(ms, base_ms))
+            change = paired_change(ms, base_ms)
             row[way] = {
                 "step_ms": round(steady * (1 + change), 4),
                 "tokens_per_s": round(shape[0] / (steady * (1 + change)) * 1e3, 1),
@@ -241,11 +241,16 @@ def cost_table(runs: dict[str, dict]) -> list[dict]:
         row["verdict_pct"] = verdict_change(row)
         # Each engine against the one it ran beside on one machine (PAIRS), interval by interval: unlike the change
         # against canary off, an engine of another machine that changed speed during its life moves none of it.
-        row["pairs"] = {f"{way}/{base}": round(100 * statistics.median(
-                            (m - b) / b for (_, m), (_, b) in zip(intervals[way][shape], intervals[base][shape])), 3)
-                        for way, base in PAIRS if way in intervals and base in intervals}
+        row["pairs"] = {f"{way}/{other}": round(100 * paired_change([m for _, m in intervals[way][shape]],
+                                                                    [m for _, m in intervals[other][shape]]), 3)
+                        for way, other in PAIRS if way in intervals and other in intervals}
         rows.append(row)
     return rows
+
+
+def paired_change(ms: list[float], base_ms: list[float]) -> float:
+    """The median change of ``ms`` over ``base_ms``, interval by interval (the same steps in both)."""
+    return statistics.median((m - b) / b for m, b in zip(ms, base_ms))
 
 
 # (way, the way it is compared with on one machine): ours and canary off (cost-a), ours again and canary off again

@@ -87,22 +87,29 @@ def test_a_trace_without_two_graph_replays_is_refused():
         profile_step.analyse([ev("cuda_runtime", "cudaGraphLaunch", 0, 5)])
 
 
-def profile_page(tmp_path, summaries: dict) -> list[str]:
-    """report.py's profile section over gpu.sh's profile archive of ``summaries`` (way -> trace summary)."""
-    import tarfile
-
+def load_report():
     spec = importlib.util.spec_from_file_location("bench_sglang_server_report_p", HERE / "report.py")
     report = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = report
     spec.loader.exec_module(report)
-    folder = tmp_path / "profile"
-    folder.mkdir()
+    return report
+
+
+def profile_page(tmp_path, summaries: dict, suite: str = "profile") -> list[str]:
+    """report.py's section for a profile suite over gpu.sh's archive of ``summaries`` (way -> trace summary)."""
+    import tarfile
+
+    report = load_report()
+    folder = tmp_path / suite
+    folder.mkdir(parents=True)
     for way, summary in summaries.items():
         (folder / f"profile-{way}.summary.json").write_text(json.dumps({f"{way}/x.trace.json.gz": summary}))
     (folder / "device.txt").write_text("NVIDIA H200, 1, 2 MiB\n")
-    with tarfile.open(tmp_path / "profile.tar.gz", "w:gz") as tar:
-        tar.add(folder, arcname="profile")
-    return report.profile_markdown(report.read_runs(tmp_path), "profile")
+    with tarfile.open(tmp_path / f"{suite}.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname=suite)
+    runs = report.read_runs(tmp_path)
+    assert all(report.profile_markdown(runs, other) == [] for other in report.PROFILE_MODELS if other != suite)
+    return report.profile_markdown(runs, suite)
 
 
 def test_the_report_shows_each_ways_summary(tmp_path):
@@ -128,3 +135,23 @@ def test_the_report_names_the_kernels_that_changed_between_the_ways(tmp_path):
     assert lines.index("| 8x1024 | `flash_decode` | 290.0 | 300.0 | +10.0 |") < \
         lines.index("| 8x1024 | `canary_pre_forward` | 0.0 | 4.0 | +4.0 |")  # the largest change first
     assert any(line.startswith("| log-8x1024 | 1000.0 | - (no stacks) |") for line in lines)
+
+
+def test_each_profile_suite_has_its_own_section_naming_its_model_and_command(tmp_path):
+    summary = {**profile_step.analyse(decode_steps()), "stacks": False}
+    eight_b = profile_page(tmp_path / "8b", {"log": summary, "log-8x1024": summary})
+    assert "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)" in eight_b
+    assert any(line.startswith("Machine: NVIDIA H200, 1, 2 MiB. Llama-3-8B (32 layers)") and
+               line.endswith("Command: `bash bench/sglang_server/gpu.sh profile`.") for line in eight_b)
+    one_b = profile_page(tmp_path / "1b", {"none-8x1024": summary, "log-8x1024": summary}, "profile-1b")
+    assert "## Where a decode step's time goes (sglang's profiler, `profile_step.py`, Llama-3.2-1B)" in one_b
+    assert any(line.startswith("Machine: NVIDIA H200, 1, 2 MiB. Llama-3.2-1B (16 layers)") and
+               line.endswith("Command: `PROFILE_BATCHES=8 bash bench/sglang_server/gpu.sh profile-1b`.")
+               for line in one_b)
+
+
+def test_the_profile_command_gives_the_batches_only_when_they_are_not_the_default():
+    report = load_report()
+    assert report.profile_batches({"none": {}, "log": {}, "none-8x1024": {}, "log-8x1024": {}}) == ""
+    assert report.profile_batches({"none-8x1024": {}, "log-8x1024": {}}) == "PROFILE_BATCHES=8 "
+    assert report.profile_batches({"none": {}, "none-16x1024": {}}) == 'PROFILE_BATCHES="1 16" '

@@ -401,34 +401,6 @@ def test_the_tensor_parallel_table_counts_each_rank_s_violations_and_shows_the_c
     assert report.ranks_markdown({}) == []
 
 
-def profile_summary(step_us: float, gemm_us: float, canary_us: float) -> dict:
-    canary = {"canary_post_forward": {"launches": 1, "us": canary_us}} if canary_us else {}
-    return {"way/trace.json.gz": {
-        "steps": 62, "step_us": step_us, "canary_host_us": 0.0, "canary_device_us": canary_us,
-        "device_busy_us": step_us - 10, "canary_kernels_per_step": canary,
-        "kernels_per_step": {"gemm": {"launches": 32, "us": gemm_us}, **canary},
-        "calls_in_canary_frames": {}, "syncs_per_step": 0.0, "stacks": False}}
-
-
-def test_each_profile_suite_has_its_own_section_naming_its_model():
-    def suite(step_off, step_on):
-        def summary(json):
-            return {"json": json, "log": "", "watch": None}
-        return {report.DEVICE: "NVIDIA H200",
-                "profile-none-8x1024.summary": summary(profile_summary(step_off, 100.0, 0.0)),
-                "profile-log-8x1024.summary": summary(profile_summary(step_on, 104.0, 30.0))}
-
-    suites = {"profile": suite(5363.0, 5352.0), "profile-1b": suite(1368.0, 1396.0)}
-    eight_b, one_b = report.profile_markdown(suites, "profile"), report.profile_markdown(suites, "profile-1b")
-    assert "## Where a decode step's time goes (sglang's profiler, `profile_step.py`)" in eight_b
-    assert "## Where a decode step's time goes (sglang's profiler, `profile_step.py`, Llama-3.2-1B)" in one_b
-    assert any(line.startswith("Machine: NVIDIA H200. Llama-3-8B (32 layers)") for line in eight_b)
-    assert any(line.startswith("Machine: NVIDIA H200. Llama-3.2-1B (16 layers)") for line in one_b)
-    assert "| log-8x1024 | 1396.0 | - (no stacks) | 30.0 | 1386.0 | 0 | - |" in one_b
-    assert "| 8x1024 | `gemm` | 100.0 | 104.0 | +4.0 |" in one_b
-    assert report.profile_markdown({"profile": suites["profile"]}, "profile-1b") == []
-
-
 def test_each_table_names_the_gpu_sh_calls_that_made_it_one_per_release_and_machine():
     h200, two = {report.DEVICE: "NVIDIA H200, 580"}, {report.DEVICE: "2 x NVIDIA H200, 580"}
     suites = {"gate": h200, "mtp": h200, "tp2": two, "0.5.14-gate": h200, "correctness": {}, "flood": h200}
@@ -440,9 +412,3 @@ def test_each_table_names_the_gpu_sh_calls_that_made_it_one_per_release_and_mach
         "Commands: `bash bench/sglang_server/gpu.sh gate mtp`; `SGLANG_RELEASE=0.5.14 bash bench/sglang_server/gpu.sh "
         "gate`.")  # one machine: not named
     assert report.commands(suites, ("cost-a",)) == ""
-
-
-def test_the_profile_command_gives_the_batches_only_when_they_are_not_the_default():
-    assert report.profile_batches({"none": {}, "log": {}, "none-8x1024": {}, "log-8x1024": {}}) == ""
-    assert report.profile_batches({"none-8x1024": {}, "log-8x1024": {}}) == "PROFILE_BATCHES=8 "
-    assert report.profile_batches({"none": {}, "none-16x1024": {}}) == 'PROFILE_BATCHES="1 16" '
