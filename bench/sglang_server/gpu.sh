@@ -3,7 +3,8 @@
 #
 #     bash bench/sglang_server/gpu.sh [SUITE]...    (smoke, gate, correctness, correctness2, flood, stall, attrib,
 #                                                    corpus1, corpus2, corpus3, corpus4, cost-a, cost-b, cost-c,
-#                                                    cost-1b-a, cost-1b-b, cost-1b-c, http, http-off, http-ours, http-upstream,
+#                                                    cost-1b-a, cost-1b-b, cost-1b-c, cost-turns, cost-1b-turns,
+#                                                    http, http-off, http-ours, http-upstream,
 #                                                    deploy, mtp, tp2, profile, profile-1b)
 #
 # Installs every bundle part present under .whl/sglang-server (hash-checked against SHA256SUMS) into
@@ -318,6 +319,24 @@ for suite in "$@"; do
         # unmodified release's (a graph captured with other code can land in another memory layout).
         model=llama3-8b; [[ $suite == cost-1b-* ]] && model=llama3.2-1b
         run ours-none "$OURS" cost --model $model --kv-canary none
+        ;;
+    cost-turns|cost-1b-turns)
+        # The engines of the cost comparison alive at once on the GPU, measured in turns (turns.py): each rep of
+        # each shape on every engine before any runs its next, so the machine's drift during the call (it moved
+        # engines run one after another by a third at the 1B's 1 x 1k) lands on all of them alike. Each caps its
+        # pool (--pool-tokens: the largest shape's 256 x 1233 tokens, and some) so that all fit: four engines of
+        # the 1B (canary off, ours, sglang's own, ours' copy with the canary off), two of the 8B (off and ours).
+        if [ $suite = cost-1b-turns ]; then model=llama3.2-1b; ways=(off ours upstream ours-none); pool=400000
+        else model=llama3-8b; ways=(off ours); pool=330000; fi
+        echo 0 > "$WORK/$suite.turns"
+        for i in "${!ways[@]}"; do
+            way=${ways[$i]}; path=$RELEASE; canary=log
+            [[ $way == ours* ]] && path=$OURS
+            [[ $way == off || $way == ours-none ]] && canary=none
+            run "$way" "$path" cost --model $model --kv-canary $canary --reps 8 --pool-tokens $pool \
+                --turns "$WORK/$suite.turns" --turn "$i/${#ways[@]}" &
+        done
+        wait
         ;;
     *)
         echo "gpu.sh: unknown suite $suite" >&2

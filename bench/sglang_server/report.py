@@ -269,11 +269,16 @@ def verdict_change(row: dict) -> float | None:
     return round(((100 + ours) / (100 + off) - 1) * 100, 3)
 
 
-# Cost suites per model: (canary off and ours; sglang's own, off again and ours again; the instrumented copy with
-# the canary off), the model's name on the page, and issue 38's bar for ours (added per decode step, every shape).
+# Cost sections (results.json's keys): the suites whose engines compare, the model's name on the page, and issue
+# 38's bar for ours (added per decode step, every shape). In turns: every way's engine alive at once, one working at
+# a time (gpu.sh cost-turns). One after another: canary off and ours; sglang's own, off again and ours again; the
+# instrumented copy with the canary off (cost-a, cost-b, cost-c).
 COST_MODELS = {
-    "llama3-8b": (("cost-a", "cost-b", "cost-c"), "Llama-3-8B, 32 layers, bf16", 0.25),
-    "llama3.2-1b": (("cost-1b-a", "cost-1b-b", "cost-1b-c"), "Llama-3.2-1B, 16 layers, bf16", 0.5),
+    "llama3-8b-turns": (("cost-turns",), "Llama-3-8B, 32 layers, bf16, engines in turns", 0.25),
+    "llama3.2-1b-turns": (("cost-1b-turns",), "Llama-3.2-1B, 16 layers, bf16, engines in turns", 0.5),
+    "llama3-8b": (("cost-a", "cost-b", "cost-c"), "Llama-3-8B, 32 layers, bf16, engines one after another", 0.25),
+    "llama3.2-1b": (("cost-1b-a", "cost-1b-b", "cost-1b-c"),
+                    "Llama-3.2-1B, 16 layers, bf16, engines one after another", 0.5),
 }
 
 
@@ -290,13 +295,24 @@ def other_machine(suites: dict, first: str, others: tuple, device: str) -> str:
         if suite in suites and device_of(suites, suite, device) != device_of(suites, first, device))
 
 
+def turns_sentence(meta: dict) -> str:
+    """How a cost suite in turns ran (its canary-off run's JSON), or "" for engines one after another."""
+    if not meta.get("turn"):
+        return ""
+    return (f"The engines were alive at once on the GPU and worked in turns (`serve.py --turns`): each rep of a "
+            f"shape (a {meta['short']}- and a {meta['long']}-token run) ran on every engine before any ran its next, "
+            f"{meta['reps']} reps, so whatever the machine did during the call fell on every engine alike. Each "
+            f"engine's pool was capped at {meta['pool_tokens']:,} tokens so that all fit. ")
+
+
 def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> list[str]:
     (first, *others), title, bar = COST_MODELS[model]
     ways = [w for w in WAYS if w in cost[0]]
+    meta = (suites.get(first, {}).get("off", {}).get("json") or {})
     out = ["", f"## Cost per decode step ({title})", "",
            f"Machine: {device_of(suites, first, device)}. "
            + commands(suites, (first, *others), device), "",
-           "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
+           turns_sentence(meta) + "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
            "off over the same 40-step intervals (per interval, then the median). Canary off's step is its "
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
            "every other way's is that step times its change. *canary off, again* is a second engine of "
@@ -321,8 +337,9 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
         change = r.get("verdict_pct")
         verdict = "-" if change is None else f"{'within' if change <= bar else '**over**'} ({change:+.2f} %)"
         out.append(f"| {r['batch']} x {r['context']} | " + " | ".join(cells) + f" | {verdict} |")
+    # The pairs of one call, where the section's engines ran in several (in turns, every change is of one call).
     pairs = [p for p in (f"{w}/{b}" for w, b in PAIRS) if all(p in r.get("pairs", {}) for r in cost)]
-    if pairs:
+    if pairs and others:
         out += ["", "Each pair of one machine alone: the median change of the first over the second across the same "
                 "40-step intervals (an engine of another machine that changed speed during its life moves none of "
                 "these):", "",
@@ -331,8 +348,9 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
                 "|---|" + "---|" * len(pairs)]
         out += [f"| {r['batch']} x {r['context']} | " + " | ".join(f"{r['pairs'][p]:+.2f} %" for p in pairs) + " |"
                 for r in cost]
-    out += ["", "The same runs by the difference method (wall time of a 208-token run minus a 16-token run "
-            "over the same cached prompts, / 192; median of 4), ms per step:", "",
+    short, long_, reps = meta.get("short", 16), meta.get("long", 208), meta.get("reps", 4)
+    out += ["", f"The same runs by the difference method (wall time of a {long_}-token run minus a {short}-token run "
+            f"over the same cached prompts, / {long_ - short}; median of {reps}), ms per step:", "",
             "| batch x context | " + " | ".join(WAYS[w] for w in ways) + " |", "|---|" + "---|" * len(ways)]
     for r in cost:
         out.append(f"| {r['batch']} x {r['context']} | "

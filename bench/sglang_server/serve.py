@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import write_model  # noqa: E402
+from turns import Turns  # noqa: E402
 
 LAYOUTS = {
     # layout -> (model, draft model or None)
@@ -48,6 +49,7 @@ LAYOUT_ARGS = {
 # Cost shapes (batch, context): contexts from 1k to 8k at every batch that fits one H100 with the
 # 32-layer Llama-3-8B (128 KiB of KV per token); the same for Llama-3.2-1B (32 KiB per token).
 COST_SHAPES = [(1, 1024), (1, 8192), (8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024)]
+POOL_TOKENS = 16384  # the correctness and evict workloads' pool: small enough that the radix cache evicts
 
 
 def nccl_port() -> int:
@@ -221,13 +223,27 @@ def cost(args) -> dict:
     the one-token extend, return) cancelling out. (b) The scheduler's own figure: its
     ``Decode batch`` lines (every 40 decode steps) give the batch over the generation throughput
     of each interval; ``report.py`` reads them between this run's ``cost: begin``/``end`` marks.
+
+    With ``--turns``, this engine is one of several alive on the machine (turns.py): each shape's warm-up and
+    each of its reps wait for this engine's turn. ``--pool-tokens`` then caps the pool so that they all fit.
     """
+    turns = Turns.parse(args.turns, args.turn)
+    try:
+        return measure_cost(args, turns)
+    except BaseException:
+        turns.stop()
+        raise
+
+
+def measure_cost(args, turns: Turns) -> dict:
     import sglang
 
     root = Path(args.models)
     kw = engine_args(args, write_model(args.model, root), None)
     kw.update(max_running_requests=256, cuda_graph_bs_decode=sorted({b for b, _ in COST_SHAPES}),
               chunked_prefill_size=8192)
+    if args.pool_tokens:
+        kw["max_total_tokens"] = args.pool_tokens
     t0 = time.perf_counter()
     engine = sglang.Engine(**kw)
     started = time.perf_counter() - t0
@@ -246,14 +262,18 @@ def cost(args) -> dict:
                 raise RuntimeError(f"cost: {len(short)} requests stopped before {new_tokens} tokens: {short[:4]}")
             return elapsed
 
-        run(1)
-        run(args.short)
-        print(f"cost: begin batch {batch} context {context}", file=sys.stderr, flush=True)
+        with turns.turn():
+            run(1)
+            run(args.short)
         steps = []
-        for _ in range(args.reps):
-            short, long_ = run(args.short), run(args.long)
+        for rep in range(args.reps):
+            with turns.turn():
+                if rep == 0:
+                    print(f"cost: begin batch {batch} context {context}", file=sys.stderr, flush=True)
+                short, long_ = run(args.short), run(args.long)
+                if rep == args.reps - 1:
+                    print(f"cost: end batch {batch} context {context}", file=sys.stderr, flush=True)
             steps.append((long_ - short) / (args.long - args.short))
-        print(f"cost: end batch {batch} context {context}", file=sys.stderr, flush=True)
         step = statistics.median(steps)
         shapes.append({"batch": batch, "context": context, "step_ms": round(step * 1e3, 4),
                        "step_ms_reps": [round(s * 1e3, 4) for s in steps],
@@ -261,7 +281,8 @@ def cost(args) -> dict:
         print(f"cost: batch {batch} context {context}: {step * 1e3:.3f} ms/step", file=sys.stderr, flush=True)
     engine.shutdown()
     return {"kind": "cost", "model": args.model, "kv_canary": args.kv_canary, "real_data": args.real_data, "reps": args.reps,
-            "short": args.short, "long": args.long, "engine_start_s": round(started, 1), "shapes": shapes}
+            "short": args.short, "long": args.long, "pool_tokens": args.pool_tokens, "turn": args.turn if args.turns else None,
+            "engine_start_s": round(started, 1), "shapes": shapes}
 
 
 def stall(args) -> dict:
@@ -439,17 +460,24 @@ def main() -> None:
     parser.add_argument("--hicache", action="store_true", help="enable sglang's hierarchical (host-tier) cache")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs)")
     parser.add_argument("--decode-steps", type=int, default=2500)
-    parser.add_argument("--pool-tokens", type=int, default=16384)
+    parser.add_argument("--pool-tokens", type=int, default=None,
+                        help=f"the KV pool's tokens (correctness and evict: default {POOL_TOKENS}; cost: as much as "
+                             "--mem-fraction leaves)")
     parser.add_argument("--mem-fraction", type=float, default=0.85)
     parser.add_argument("--model", default="llama3-8b", choices=["llama3-8b", "llama3.2-1b"], help="the cost model")
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--short", type=int, default=16)
     parser.add_argument("--long", type=int, default=208)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--turns", type=Path, default=None,
+                        help="cost: the file several engines take their turns by (turns.py); gpu.sh writes 0 there")
+    parser.add_argument("--turn", default="0/1", help="cost, with --turns: this engine's turn, INDEX/COUNT")
     parser.add_argument("--evict-idle-s", type=float, default=3.0,
                         help="evict: seconds the engine idles after the last request, before it stops")
     parser.add_argument("--models", default=os.environ.get("SGLANG_SERVER_MODELS", "/tmp/sglang-server/models"))
     args = parser.parse_args()
+    if args.pool_tokens is None and args.what in ("correctness", "evict"):
+        args.pool_tokens = POOL_TOKENS
     if args.perturb:
         os.environ["SGLANG_KV_CANARY_PERTURB"] = f"all={args.perturb}"
         os.environ.setdefault("SGLANG_KV_CANARY_PERTURB_SEED", str(args.seed))

@@ -183,6 +183,23 @@ def test_each_pair_of_one_call_is_compared_alone_so_a_first_engine_that_changed_
     assert alone["pairs"] == {"ours/off": pytest.approx(0.5025, abs=1e-3)}
 
 
+def test_engines_in_turns_have_a_section_of_their_own_that_says_how_they_ran():
+    tokens = [100, 200, 300]
+    meta = {"turn": "0/4", "reps": 8, "short": 16, "long": 208, "pool_tokens": 400000}
+    off = {**run(cost_log([1000.0] * 3, tokens)), "json": {**run("")["json"], **meta}}
+    ours = run(cost_log([998.0] * 3, tokens))  # +0.2 %
+    (row,) = report.cost_table({"off": off, "ours": ours})
+    suites = {"cost-1b-turns": {"off": off, "ours": ours, report.DEVICE: "NVIDIA H200, 580"}}
+    page = report.cost_markdown("llama3.2-1b-turns", suites, [row], "an H100")
+    assert page[1] == "## Cost per decode step (Llama-3.2-1B, 16 layers, bf16, engines in turns)"
+    assert "Machine: NVIDIA H200, 580. Command: `bash bench/sglang_server/gpu.sh cost-1b-turns`." in page
+    text = "\n".join(page)
+    assert "worked in turns" in text and "8 reps" in text and "capped at 400,000 tokens" in text
+    assert "| 8 x 1024 | 8.000 ms (1000/s) | 8.016 ms (998/s) [+0.20 %, +16 us] | within (+0.20 %) |" in page
+    assert "median of 8), ms per step:" in text
+    assert "Each pair of one machine alone" not in text  # every change here is already of one call
+
+
 def test_cost_refuses_lines_that_cover_other_steps():
     off = run(cost_log([1000.0, 1000.0], [100, 200]))
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
