@@ -322,10 +322,10 @@ for suite in "$@"; do
         ;;
     cost-turns|cost-1b-turns)
         # The engines of the cost comparison alive at once on the GPU, measured in turns (turns.py): each rep of
-        # each shape on every engine before any runs its next, so the machine's drift during the call (it moved
-        # engines run one after another by a third at the 1B's 1 x 1k) lands on all of them alike. Each caps its
-        # pool (--pool-tokens: the largest shape's 256 x 1233 tokens, and some) so that all fit: four engines of
-        # the 1B (canary off, ours, sglang's own, ours' copy with the canary off), two of the 8B (off and ours).
+        # each shape on every engine before any runs its next, so a drift of the machine during the call lands on
+        # all of them alike (an engine's own slow stretch it does not remove). Each caps its pool (--pool-tokens:
+        # the largest shape's 256 x 1233 tokens, and some) so that all fit: four engines of the 1B (canary off,
+        # ours, sglang's own, ours' copy with the canary off), two of the 8B (off and ours).
         if [ $suite = cost-1b-turns ]; then model=llama3.2-1b; ways=(off ours upstream ours-none); pool=400000
         else model=llama3-8b; ways=(off ours); pool=330000; fi
         echo 0 > "$WORK/$suite.turns"

@@ -315,9 +315,9 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
            turns_sentence(meta) + "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
            "off over the same 40-step intervals (per interval, then the median). Canary off's step is its "
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
-           "every other way's is that step times its change. *canary off, again* is a second engine of "
-           f"the unmodified release: its distance from *canary off* is the noise of the measurement (*ours, again*"
-           f" likewise for ours)."
+           "every other way's is that step times its change."
+           + (" *canary off, again* is a second engine of the unmodified release: its distance from *canary off* is "
+              "the noise of the measurement (*ours, again* likewise for ours)." if "off-again" in ways else "")
            + (" *ours' copy, canary off* is the instrumented copy serving with `--kv-canary none`: its distance from "
               "*canary off* is what the instrumented code does to the step without the canary's work, such as a "
               "different memory layout of the captured graphs." if "ours-none" in ways else "")

@@ -1,9 +1,11 @@
 """Engines measured in turns: several live engines on one machine, one of them working at a time.
 
-Engines run one after another meet different machines: the Llama-3.2-1B's step at one request is short enough
-that the host sets it, and engines started minutes apart ran the same code at 530 and 750 tokens/s for seconds
-of their lives. In turns, every engine runs its share of each shape (one rep, a short and a long run) before
-any runs its next, so whatever the machine does during the call lands on all of them alike.
+Engines run one after another meet the machine at different times: the Llama-3.2-1B's step at one request is
+short enough that the host sets it, and engines started minutes apart ran the same code at 530 and 750 tokens/s
+for seconds of their lives. In turns, every engine runs its share of each shape (one rep, a short and a long run)
+before any runs its next, so a change of the machine's own during the call lands on all of them alike. A mode of
+one engine's own (its process slow for a stretch while the others, in the same seconds, are not) it cannot
+remove; the cost page's ``cost-1b-turns`` section shows both.
 
 The turn is a counter in a file that every engine's process shares: engine ``index`` of ``count`` works while
 the counter modulo ``count`` is its index, then adds one. A process that fails writes ``stop`` there, and the
