@@ -429,3 +429,45 @@ def test_each_table_names_the_gpu_sh_calls_that_made_it_one_per_release_and_mach
         "Commands: `bash bench/sglang_server/gpu.sh gate mtp`; `SGLANG_RELEASE=0.5.14 bash bench/sglang_server/gpu.sh "
         "gate`.")  # one machine: not named
     assert report.commands(suites, ("cost-a",)) == ""
+
+
+@pytest.mark.parametrize("suite, ways", [
+    ("cost-1b-turns", {"off": ("site", "none"), "ours": ("ours", "log"), "upstream": ("site", "log"),
+                       "ours-none": ("ours", "none")}),
+    ("cost-turns", {"off": ("site", "none"), "ours": ("ours", "log")}),
+])
+def test_gpu_sh_starts_every_engine_of_a_suite_in_turns_with_its_own_turn_and_one_counter(tmp_path, suite, ways):
+    """gpu.sh's suites in turns, with stand-ins for python3 and nvidia-smi that record what each engine was given:
+    every way once, its sglang (the release or the applied copy) and canary, turn i of n, all on one counter file
+    that starts at 0."""
+    work, out, bin_ = tmp_path / "work", tmp_path / "out", tmp_path / "bin"
+    for part in ("part1", "part2", "part3", "part4"):  # the bundle installed, the copy instrumented
+        (work / "done" / part).parent.mkdir(parents=True, exist_ok=True)
+        (work / "done" / part).touch()
+    (work / "ours" / "sglang").mkdir(parents=True)
+    bin_.mkdir()
+    (bin_ / "python3").write_text('#!/bin/sh\necho "$PYTHONPATH|$*" >> "$CALLS"\n')
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 580, 143771 MiB'\n")
+    for tool in bin_.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "SGLANG_SERVER_WORK": str(work), "OUT": str(out),
+           "CALLS": str(tmp_path / "calls")}
+    proc = subprocess.run(["bash", str(HERE / "gpu.sh"), suite], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == len(ways)
+    seen = {}
+    for call in calls:
+        path, argv = call.split("|")
+        args = argv.split()
+        name = Path(args[args.index("--out") + 1]).stem
+        seen[name] = args
+        sglang, canary = ways[name]
+        assert path.split(":")[0] == str(work / sglang)
+        assert args[args.index("--kv-canary") + 1] == canary
+        assert args[args.index("--turns") + 1] == str(work / f"{suite}.turns")
+        assert args[args.index("--reps") + 1] == "8"
+    # One turn each, in the suite's order of ways: canary off works first.
+    assert [seen[way][seen[way].index("--turn") + 1] for way in ways] == [f"{i}/{len(ways)}" for i in range(len(ways))]
+    assert (work / f"{suite}.turns").read_text().strip() == "0"
+    assert (out / f"{suite}.tar.gz").exists()
