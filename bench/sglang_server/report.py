@@ -301,7 +301,8 @@ def turns_sentence(meta: dict) -> str:
         return ""
     return (f"The engines were alive at once on the GPU and worked in turns (`serve.py --turns`): each rep of a "
             f"shape (a {meta['short']}- and a {meta['long']}-token run) ran on every engine before any ran its next, "
-            f"{meta['reps']} reps, so whatever the machine did during the call fell on every engine alike. Each "
+            f"{meta['reps']} reps, so a change of the machine during the call fell on every engine alike (a slow stretch "
+            f"of one engine's own did not). Each "
             f"engine's pool was capped at {meta['pool_tokens']:,} tokens so that all fit. ")
 
 
