@@ -27,9 +27,14 @@ analyses it.
 - the device time of the canary's kernels per step: its own (``canary_*``, inside the graph or not) and what
   those launches ran (matched by correlation id: a copy launched by the canary's code is the canary's), and
   per kernel name how many launches a step makes and their time;
-- the device's busy time per step (every kernel, copy and memset): a step that grew by more than the device
-  work it gained waited on the host; and every kernel's launches and time per step (the longest
-  ``TOP_KERNELS``), so two ways' summaries show which of the engine's kernels a canary slowed;
+- the device's busy time per step (every kernel, copy and memset, summed: work beside other work counts
+  twice): a step that grew by more than the device work it gained waited on the host; and every kernel's
+  launches and time per step (the longest ``TOP_KERNELS``), so two ways' summaries show which of the engine's
+  kernels a canary slowed;
+- the replayed graph on the device: from the first kernel the step's ``cudaGraphLaunch`` ran to the end of its
+  last (matched by correlation id). Once launched, a graph's kernels wait on nothing but each other, so this is
+  the forward's device time, the canary's passes inside it included, beside or in line, and the host's speed
+  does not reach it;
 - the canary functions taking the most host time per step.
 
 The analysis needs no torch: it runs on any machine over a trace brought back.
@@ -149,6 +154,14 @@ def analyse(events: list[dict], top: int = 15) -> dict:
                 device[s] += e["dur"]
                 kernels[e["name"]][0] += 1
                 kernels[e["name"]][1] += e["dur"]
+    # Each step's graph replay: the device span of the kernels its cudaGraphLaunch ran (one correlation id).
+    replay_step = {e["args"]["correlation"]: step_of(e["ts"]) for e in by_thread[thread] if "correlation" in e.get("args", {})}
+    spans: dict[int, tuple[float, float]] = {}
+    for e in events:
+        s = replay_step.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_WORK else None
+        if s is not None:
+            first, last = spans.get(s, (e["ts"], e["ts"] + e["dur"]))
+            spans[s] = (min(first, e["ts"]), max(last, e["ts"] + e["dur"]))
     step_us = [b - a for a, b in zip(starts, starts[1:])]
     names = sorted({n for c in calls for n in c})
     return {
@@ -157,6 +170,7 @@ def analyse(events: list[dict], top: int = 15) -> dict:
         "canary_host_us": statistics.median(host),
         "canary_device_us": statistics.median(device),
         "device_busy_us": statistics.median(busy),
+        "graph_us": statistics.median(b - a for a, b in spans.values()) if spans else None,
         # Mean per step: how many launches of each canary kernel a step makes, and their time.
         "canary_kernels_per_step": {n: {"launches": c / steps, "us": t / steps} for n, (c, t) in sorted(kernels.items())},
         # Every kernel (the engine's too), the longest first: mean launches and time per step.
@@ -175,8 +189,8 @@ def analyse(events: list[dict], top: int = 15) -> dict:
 def table(name: str, s: dict) -> str:
     lines = [f"{name}: {s['steps']} decode steps, median step {s['step_us']:.1f} us; canary host "
              f"{s['canary_host_us']:.1f} us, canary kernels {s['canary_device_us']:.1f} us, device busy "
-             f"{s.get('device_busy_us', float('nan')):.1f} us, "
-             f"syncs {s['syncs_per_step']:g} per step"]
+             f"{s.get('device_busy_us', float('nan')):.1f} us, graph on the device "
+             f"{s.get('graph_us') or float('nan'):.1f} us, syncs {s['syncs_per_step']:g} per step"]
     for kernel, k in s.get("canary_kernels_per_step", {}).items():
         lines.append(f"  {kernel:<40} {k['launches']:>5g} per step {k['us']:>8.1f} us  (device)")
     for call, c in s["calls_in_canary_frames"].items():

@@ -565,10 +565,13 @@ def profile_markdown(suites: dict, suite: str) -> list[str]:
            "frames on the thread that replays the graph, less the engine code they call (the sampler inside the "
            "canary's sample wrapper); calls: CUDA runtime calls (and host reads of device values) made by the "
            "canary's code; kernels: the device time of the canary's own kernels and of what its code launched; "
-           f"device busy: all device work per step. Command: `{profile_batches(runs)}{GPU_SH} {suite}`.", "",
-           "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | syncs per step | "
+           "device busy: all device work per step, summed (work beside other work counts twice); graph: the "
+           "replayed graph on the device, its first kernel's start to its last kernel's end (the forward's device "
+           "time with the canary's passes inside it, which the host's speed does not reach; archives from before it "
+           f"was read show -). Command: `{profile_batches(runs)}{GPU_SH} {suite}`.", "",
+           "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | graph (us) | syncs per step | "
            "calls inside canary frames |",
-           "|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|"]
     earlier = False
     for way, summary in sorted(runs.items()):
         for s in summary.values():
@@ -578,9 +581,10 @@ def profile_markdown(suites: dict, suite: str) -> list[str]:
             mark = busy is None and s["canary_host_us"] > 0
             earlier |= mark
             host = f"{s['canary_host_us']:.1f}{'*' if mark else ''}" if s.get("stacks", True) else "- (no stacks)"
+            graph = s.get("graph_us")
             out.append(f"| {way} | {s['step_us']:.1f} | {host} | "
                        f"{s['canary_device_us']:.1f} | {'-' if busy is None else f'{busy:.1f}'} | "
-                       f"{s['syncs_per_step']:g} | {calls} |")
+                       f"{'-' if graph is None else f'{graph:.1f}'} | {s['syncs_per_step']:g} | {calls} |")
     per_kernel = [(way, name, k) for way, summary in sorted(runs.items()) for s in summary.values()
                   for name, k in s.get("canary_kernels_per_step", {}).items()]
     if per_kernel:

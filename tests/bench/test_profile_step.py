@@ -26,7 +26,7 @@ def ev(cat, name, ts, dur, args=None, **where):
 def decode_steps(n=4, step=1000.0):
     """n decode steps of `step` us on the scheduler thread: a site entry (canary frame with a nested one),
     the graph launch, a site exit that launches one kernel and once reads a value back; the canary's kernel
-    runs inside each graph replay; then the canary's sample wrapper around the engine's sampler (whose launch
+    runs inside each graph replay (the replay's kernels carry its launch's correlation id); then the canary's sample wrapper around the engine's sampler (whose launch
     is the engine's) and its one copy."""
     events = []
     for i in range(n + 1):
@@ -35,12 +35,12 @@ def decode_steps(n=4, step=1000.0):
             ev("python_function", "canary_instrument/runtime/setup/sites.py(140): __enter__", t, 6),
             ev("python_function", "canary_instrument/runtime/step/steps.py(45): end", t + 1, 2),
             ev("python_function", "sglang/srt/model_executor/model_runner.py(1390): forward", t + 7, 40),
-            ev("cuda_runtime", "cudaGraphLaunch", t + 10, 8),
+            ev("cuda_runtime", "cudaGraphLaunch", t + 10, 8, args={"correlation": 1000 + i}),
             ev("python_function", "canary_instrument/runtime/setup/sites.py(206): __exit__", t + 50, 10),
             ev("cuda_runtime", "cudaLaunchKernel", t + 52, 3),
             ev("cuda_runtime", "cudaLaunchKernel", t + 70, 3),  # the engine's own, outside canary frames
-            ev("kernel", "canary_pre_forward", t + 100, 4, pid=0, tid=3),
-            ev("kernel", "flash_decode", t + 110, 300, pid=0, tid=3),
+            ev("kernel", "canary_pre_forward", t + 100, 4, pid=0, tid=3, args={"correlation": 1000 + i}),
+            ev("kernel", "flash_decode", t + 110, 300, pid=0, tid=3, args={"correlation": 1000 + i}),
             ev("python_function", "canary_instrument/runtime/step/expected_tokens.py(115): sample", t + 80, 30),
             ev("python_function", "sglang/srt/model_executor/model_runner.py(2900): sample", t + 81, 20),
             ev("cuda_runtime", "cudaLaunchKernel", t + 85, 3, args={"correlation": 10 * i}),  # the sampler's
@@ -66,6 +66,7 @@ def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_t
     assert s["canary_host_us"] == 26.0
     assert s["canary_device_us"] == 4.0 + 2.0  # its kernel in the graph, and the copy its code launched
     assert s["device_busy_us"] == 4 + 300 + 5 + 2
+    assert s["graph_us"] == 110 + 300 - 100  # the replay's first kernel to its last; the sampler's are not in it
     assert s["canary_kernels_per_step"] == {"canary_pre_forward": {"launches": 1.0, "us": 4.0},
                                             "elementwise_kernel": {"launches": 1.0, "us": 2.0}}
     # The exit's launch and the copy's; the sampler's, inside the canary's wrapper, is the engine's.
@@ -80,6 +81,23 @@ def test_the_summary_counts_the_canarys_outermost_frames_and_what_they_send_to_t
     top = s["top_functions_us_per_step"]
     assert list(top)[:2] == ["canary_instrument/runtime/step/expected_tokens.py(115): sample",
                              "canary_instrument/runtime/setup/sites.py(206): __exit__"]
+
+
+def test_a_pass_beside_the_forward_adds_device_busy_time_but_not_graph_time():
+    # Ours' post pass runs inside the replay beside the attention kernel: the device is busier by its 25 us, the
+    # graph takes as long as canary off's. In line after it, the graph is 25 us longer.
+    def with_post(start):
+        events = decode_steps()
+        for i in range(5):
+            events.append(ev("kernel", "canary_post_forward", i * 1000.0 + start, 25, pid=0, tid=4,
+                             args={"correlation": 1000 + i}))
+        return profile_step.analyse(events)
+
+    off = profile_step.analyse(decode_steps())
+    beside, in_line = with_post(300), with_post(410)
+    assert beside["device_busy_us"] == off["device_busy_us"] + 25 == in_line["device_busy_us"]
+    assert beside["graph_us"] == off["graph_us"] == 310
+    assert in_line["graph_us"] == 335
 
 
 def test_a_trace_without_two_graph_replays_is_refused():
@@ -115,8 +133,12 @@ def profile_page(tmp_path, summaries: dict, suite: str = "profile") -> list[str]
 def test_the_report_shows_each_ways_summary(tmp_path):
     # gpu.sh's profile suite archives profile-<way>.summary.json; report.py turns them into one table.
     lines = profile_page(tmp_path, {"log": profile_step.analyse(decode_steps())})
-    assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), cudaLaunchKernel " \
-           "2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
+    assert "| log | 1000.0 | 26.0 | 6.0 | 311.0 | 310.0 | 0 | aten::_local_scalar_dense 0/step (1 in all), " \
+           "cudaLaunchKernel 2/step (8 in all), cudaStreamSynchronize 0/step (1 in all) |" in lines
+    # A summary from before the graph was read: its cell says so.
+    before = {k: v for k, v in profile_step.analyse(decode_steps()).items() if k != "graph_us"}
+    assert any(line.startswith("| log | 1000.0 | 26.0 | 6.0 | 311.0 | - | 0 |")
+               for line in profile_page(tmp_path / "old", {"log": before}))
     assert "| log | canary_pre_forward | 1 | 4.0 |" in lines  # each canary kernel's launches a step
 
 
