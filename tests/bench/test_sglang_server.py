@@ -200,6 +200,24 @@ def test_engines_in_turns_have_a_section_of_their_own_that_says_how_they_ran():
     assert "Each pair of one machine alone" not in text  # every change here is already of one call
 
 
+def test_in_one_call_a_cell_whose_control_moved_past_the_bar_is_not_resolved():
+    tokens = [100, 200, 300]
+    off = run(cost_log([1000.0] * 3, tokens))
+    ours = run(cost_log([990.0] * 3, tokens))  # +1.01 %
+    steady = run(cost_log([999.0] * 3, tokens))  # the copy with the canary off: +0.1 %, inside the bar
+    slowed = run(cost_log([970.0] * 3, tokens))  # the same copy in a slow stretch: +3.1 %
+    suites = {"cost-1b-turns": {"off": off, "ours": ours}}
+    (row,) = report.cost_table({"off": off, "ours": ours, "ours-none": steady})
+    page = report.cost_markdown("llama3.2-1b-turns", suites, [row], "an H200")
+    assert any(line.endswith("| **over** (+1.01 %) |") for line in page) and "*not resolved*" in "\n".join(page)
+    (row,) = report.cost_table({"off": off, "ours": ours, "ours-none": slowed})
+    page = report.cost_markdown("llama3.2-1b-turns", suites, [row], "an H200")
+    assert any(line.endswith("| not resolved (+1.01 %; ours' copy, canary off +3.09 %) |") for line in page)
+    # One after another the copy ran in another call, on another day: it judges no cell there.
+    page = report.cost_markdown("llama3.2-1b", {}, [row], "an H200")
+    assert any(line.endswith("| **over** (+1.01 %) |") for line in page) and "*not resolved*" not in "\n".join(page)
+
+
 def test_cost_refuses_lines_that_cover_other_steps():
     off = run(cost_log([1000.0, 1000.0], [100, 200]))
     ours = run(cost_log([1000.0, 1000.0], [100, 201]))
