@@ -523,32 +523,27 @@ def beside_forward(results, repeats=3):
                 post.post_forward(state, plan)
             return step
 
-        def post_at_the_logits_at(per_sm):
-            ops = make_ops((128, 4, per_sm))
-
+        def served(pre_pass, post_pass):
+            """The runtime's placement: a second branch from the forward's start (the pre pass) and another at its
+            logits (the post pass), joined when the forward returns."""
             def step():
                 with beside.fork(plan):
-                    ops.pre_forward(state, plan, ids)
+                    pre_pass()
                 x = forward.body()
                 with beside.fork_post():
-                    ops.post_forward(state, plan)
+                    post_pass()
                 forward.logits(x)
                 beside.join()
             return step
 
-        token = torch.zeros(1, dtype=torch.int32, device=DEV)
+        def post_at_the_logits_at(per_sm):
+            ops = make_ops((128, 4, per_sm))
+            return served(lambda: ops.pre_forward(state, plan, ids), lambda: ops.post_forward(state, plan))
 
-        def forks_alone():
-            # The graph's shape of the served placement (a second branch from the forward's start and another at
-            # its logits, joined at the end) with a one-element store in place of each pass: what the branches
-            # cost the engine's kernels apart from the passes' own work.
-            with beside.fork(plan):
-                token.add_(1)
-            x = forward.body()
-            with beside.fork_post():
-                token.add_(1)
-            forward.logits(x)
-            beside.join()
+        token = torch.zeros(1, dtype=torch.int32, device=DEV)
+        # The served placement with a one-element store in place of each pass: what the branches cost the engine's
+        # kernels apart from the passes' own work.
+        forks_alone = served(lambda: token.add_(1), lambda: token.add_(1))
 
         variants = {"forward": forward, "in line": in_line}
         variants.update({f"beside, {n}/SM": beside_at(n) for n in BESIDE_PROGRAMS_PER_SM})

@@ -138,12 +138,20 @@ def analyse(events: list[dict], top: int = 15) -> dict:
             calls[s][e["name"]][1] += e["dur"]
             if "correlation" in e.get("args", {}):
                 launched.add(e["args"]["correlation"])
+    # Each step's graph replay: the device span of the kernels its cudaGraphLaunch ran (one correlation id).
+    replay_step = {e["args"]["correlation"]: step_of(e["ts"]) for e in by_thread[thread]
+                   if "correlation" in e.get("args", {})}
+    spans: dict[int, tuple[float, float]] = {}
     device = [0.0] * steps  # the canary's kernels: its own (canary_*, in the graph or not) and what its code launched
     busy = [0.0] * steps  # all device work: a slower step that is not busier waited on the host
     kernels: dict[str, list] = defaultdict(lambda: [0, 0.0])  # the canary's, by name: count and time, all steps
     every: dict[str, list] = defaultdict(lambda: [0, 0.0])  # every device work item, by name: count and time
     for e in events:
         if e.get("cat") in DEVICE_WORK:
+            replay = replay_step.get(e.get("args", {}).get("correlation"))
+            if replay is not None:
+                first, last = spans.get(replay, (e["ts"], e["ts"] + e["dur"]))
+                spans[replay] = (min(first, e["ts"]), max(last, e["ts"] + e["dur"]))
             s = step_of(e["ts"])  # device work runs after its launch, within the step that launched it or just after
             if s is None:
                 continue
@@ -154,14 +162,6 @@ def analyse(events: list[dict], top: int = 15) -> dict:
                 device[s] += e["dur"]
                 kernels[e["name"]][0] += 1
                 kernels[e["name"]][1] += e["dur"]
-    # Each step's graph replay: the device span of the kernels its cudaGraphLaunch ran (one correlation id).
-    replay_step = {e["args"]["correlation"]: step_of(e["ts"]) for e in by_thread[thread] if "correlation" in e.get("args", {})}
-    spans: dict[int, tuple[float, float]] = {}
-    for e in events:
-        s = replay_step.get(e.get("args", {}).get("correlation")) if e.get("cat") in DEVICE_WORK else None
-        if s is not None:
-            first, last = spans.get(s, (e["ts"], e["ts"] + e["dur"]))
-            spans[s] = (min(first, e["ts"]), max(last, e["ts"] + e["dur"]))
     step_us = [b - a for a, b in zip(starts, starts[1:])]
     names = sorted({n for c in calls for n in c})
     return {

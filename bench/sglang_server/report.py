@@ -301,8 +301,8 @@ def turns_sentence(meta: dict) -> str:
         return ""
     return (f"The engines were alive at once on the GPU and worked in turns (`serve.py --turns`): each rep of a "
             f"shape (a {meta['short']}- and a {meta['long']}-token run) ran on every engine before any ran its next, "
-            f"{meta['reps']} reps, so a change of the machine during the call fell on every engine alike (a slow stretch "
-            f"of one engine's own did not). Each "
+            f"{meta['reps']} reps, so a change of the machine during the call fell on every engine alike (a slow "
+            f"stretch of one engine's own did not). Each "
             f"engine's pool was capped at {meta['pool_tokens']:,} tokens so that all fit. ")
 
 
@@ -313,7 +313,8 @@ def cost_markdown(model: str, suites: dict, cost: list[dict], device: str) -> li
     out = ["", f"## Cost per decode step ({title})", "",
            f"Machine: {device_of(suites, first, device)}. "
            + commands(suites, (first, *others), device), "",
-           turns_sentence(meta) + "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
+           turns_sentence(meta)
+           + "Each cell: ms per decode step (tokens/s) and, in brackets, the median change against canary "
            "off over the same 40-step intervals (per interval, then the median). Canary off's step is its "
            "steady state (the median of the lower half of its intervals; the others straddle two runs), "
            "every other way's is that step times its change."
@@ -580,8 +581,8 @@ def profile_markdown(suites: dict, suite: str) -> list[str]:
            "replayed graph on the device, its first kernel's start to its last kernel's end (the forward's device "
            "time with the canary's passes inside it, which the host's speed does not reach; archives from before it "
            f"was read show -). Command: `{profile_batches(runs)}{GPU_SH} {suite}`.", "",
-           "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | graph (us) | syncs per step | "
-           "calls inside canary frames |",
+           "| way | step (us) | canary host (us) | canary kernels (us) | device busy (us) | graph (us) | "
+           "syncs per step | calls inside canary frames |",
            "|---|---|---|---|---|---|---|---|"]
     earlier = False
     for way, summary in sorted(runs.items()):

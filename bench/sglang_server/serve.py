@@ -281,7 +281,8 @@ def measure_cost(args, turns: Turns) -> dict:
         print(f"cost: batch {batch} context {context}: {step * 1e3:.3f} ms/step", file=sys.stderr, flush=True)
     engine.shutdown()
     return {"kind": "cost", "model": args.model, "kv_canary": args.kv_canary, "real_data": args.real_data, "reps": args.reps,
-            "short": args.short, "long": args.long, "pool_tokens": args.pool_tokens, "turn": args.turn if args.turns else None,
+            "short": args.short, "long": args.long, "pool_tokens": args.pool_tokens,
+            "turn": args.turn if args.turns else None,
             "engine_start_s": round(started, 1), "shapes": shapes}
 
 

@@ -26,8 +26,8 @@ def ev(cat, name, ts, dur, args=None, **where):
 def decode_steps(n=4, step=1000.0):
     """n decode steps of `step` us on the scheduler thread: a site entry (canary frame with a nested one),
     the graph launch, a site exit that launches one kernel and once reads a value back; the canary's kernel
-    runs inside each graph replay (the replay's kernels carry its launch's correlation id); then the canary's sample wrapper around the engine's sampler (whose launch
-    is the engine's) and its one copy."""
+    runs inside each graph replay (the replay's kernels carry its launch's correlation id); then the canary's
+    sample wrapper around the engine's sampler (whose launch is the engine's) and its one copy."""
     events = []
     for i in range(n + 1):
         t = i * step
